@@ -1,0 +1,23 @@
+"""receipt-embed: learn, index and audit image embeddings of photographed paper receipts.
+
+Heavy dependencies (torch, faiss) are imported lazily so that ``receipt-embed --help``
+and plugin listing stay fast.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "create_loss", "get_registry"]
+
+
+def get_registry(**kwargs):
+    """Return the component registry (built-ins, entry points, plugins folder)."""
+    from receipt_embed.plugin_manager import get_registry as _get_registry
+
+    return _get_registry(**kwargs)
+
+
+def create_loss(name: str, **params):
+    """Build the loss registered as ``name``; call it as ``loss(embeddings, labels)``."""
+    return get_registry().create("loss", name, **params)

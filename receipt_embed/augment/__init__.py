@@ -1,0 +1,1 @@
+"""Augmentation presets (albumentations pipelines)."""

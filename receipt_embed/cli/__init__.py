@@ -1,0 +1,67 @@
+"""The ``receipt-embed`` command line: a thin Click layer over library functions.
+
+Each subcommand lives in its own module and is imported only when it runs, so
+``receipt-embed --help`` does not pay for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from receipt_embed import __version__
+
+# command name -> "module:attribute"; help text is kept here so --help needs no import.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ingest": ("receipt_embed.cli.ingest:ingest", "Check captures and write a dataset dir."),
+    "make-samples": (
+        "receipt_embed.cli.make_samples:make_samples",
+        "Render synthetic receipts captured by simulated devices.",
+    ),
+    "plugins": ("receipt_embed.cli.plugins:plugins", "List plugins and the components they provide."),
+    "config": ("receipt_embed.cli.config:config", "Print the resolved configuration."),
+    "demo": ("receipt_embed.cli.demo:demo", "Run the whole pipeline on the bundled data_samples/."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[name]
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="receipt-embed")
+@click.option(
+    "--plugins-dir",
+    type=click.Path(file_okay=False, path_type=str),
+    envvar="RECEIPT_EMBED_PLUGINS_DIR",
+    default=None,
+    help="Folder of *.py plugins to load (default: ./plugins, or plugins.dir in the config).",
+)
+@click.option(
+    "--strict-plugins",
+    is_flag=True,
+    envvar="RECEIPT_EMBED_STRICT_PLUGINS",
+    help="Fail when a plugin cannot be loaded instead of warning and skipping it.",
+)
+@click.pass_context
+def main(ctx: click.Context, plugins_dir: str | None, strict_plugins: bool) -> None:
+    """Learn, index and audit image embeddings of photographed paper receipts."""
+    ctx.ensure_object(dict)
+    ctx.obj["plugins_dir"] = plugins_dir
+    ctx.obj["strict_plugins"] = strict_plugins

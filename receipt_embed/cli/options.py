@@ -1,0 +1,61 @@
+"""Options and error handling shared by the subcommands."""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+
+class InputError(click.ClickException):
+    """Bad input (a manifest, a config, a plugin name): exit code 2, no usage banner."""
+
+    exit_code = 2
+
+
+def config_options(command):
+    """Add ``--config FILE`` and repeatable ``--set key.path=value`` to a command."""
+
+    @click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        help="YAML file merged over configs/default.yaml.",
+    )
+    @click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override one config key, e.g. --set train.epochs=5 (repeatable).",
+    )
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        return command(*args, **kwargs)
+
+    return wrapper
+
+
+def resolve_config(config_file, overrides):
+    """Load the config, turning a ConfigError into an exit-code-2 message."""
+    from receipt_embed.config import ConfigError, load_config
+
+    try:
+        return load_config(config_file, overrides)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+
+
+def load_registry(ctx: click.Context, config=None):
+    """Discover plugins with the CLI's --plugins-dir/--strict-plugins (or the config's)."""
+    from receipt_embed.plugin_manager import PluginLoadError, get_registry
+    from receipt_embed.registry import ComponentError
+
+    root = ctx.find_root().obj or {}
+    plugins_dir = root.get("plugins_dir") or (config.plugins.dir if config else None)
+    strict = root.get("strict_plugins") or (config.plugins.strict if config else False)
+    try:
+        return get_registry(plugins_dir, strict=strict)
+    except (PluginLoadError, ComponentError) as exc:
+        raise InputError(str(exc)) from None

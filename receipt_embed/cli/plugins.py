@@ -1,0 +1,45 @@
+"""``receipt-embed plugins``: what is loaded, where it came from, what it provides."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import click
+
+from receipt_embed.cli.options import load_registry
+
+
+def describe(registry) -> dict:
+    """A JSON-ready description of loaded plugins, their components and load failures."""
+    by_plugin: dict[str, list[dict]] = {name: [] for name in registry.plugins}
+    for kind, components in registry.components.items():
+        for component in components.values():
+            by_plugin.setdefault(component.plugin, []).append(
+                {"kind": kind, "name": component.name, "description": component.description}
+            )
+    return {
+        "plugins": [
+            {**asdict(info), "components": sorted(by_plugin[name], key=lambda c: (c["kind"], c["name"]))}
+            for name, info in registry.plugins.items()
+        ],
+        "failed": [{"name": name, "error": error} for name, error in registry.failures.items()],
+    }
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+@click.pass_context
+def plugins(ctx, as_json):
+    """List plugins (built-ins, entry points, plugins folder) and their components."""
+    info = describe(load_registry(ctx))
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    for plugin in info["plugins"]:
+        version = f" {plugin['version']}" if plugin["version"] else ""
+        click.echo(f"{plugin['name']}{version}  [{plugin['source']}: {plugin['location']}]")
+        for component in plugin["components"]:
+            click.echo(f"    {component['kind']:<13} {component['name']:<22} {component['description']}")
+    for failure in info["failed"]:
+        click.echo(f"FAILED {failure['name']}: {failure['error']}")

@@ -1,0 +1,165 @@
+"""Configuration: packaged defaults <- user YAML file <- ``--set key.path=value`` overrides.
+
+OmegaConf does the merging and parses override values as YAML (so ``--set
+train.epochs=5`` is an int and ``--set data.image_size=[320,160]`` a list); pydantic
+validates the result. Defaults live only in ``configs/default.yaml``; the schema here says
+what each value must be.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class DataConfig(_Section):
+    image_size: tuple[PositiveInt, PositiveInt]
+    grayscale: bool
+
+
+class IngestConfig(_Section):
+    split_ratios: tuple[float, float, float]
+    seed: int
+    max_pixels: PositiveInt
+    allow_absolute_paths: bool
+    merge_duplicates: bool
+
+    @field_validator("split_ratios")
+    @classmethod
+    def _ratios(cls, value):
+        if any(r < 0 for r in value) or abs(sum(value) - 1.0) > 1e-6:
+            raise ValueError(f"must be three non-negative numbers summing to 1, got {list(value)}")
+        return value
+
+
+class ModelConfig(_Section):
+    encoder: str
+    pretrained: str | None
+    pooling: Literal["gap", "grid"]
+    grid: tuple[PositiveInt, PositiveInt]
+
+
+class LossConfig(_Section):
+    name: str
+    temperature: float = Field(gt=0)
+    params: dict[str, Any]
+
+
+class ComponentConfig(_Section):
+    params: dict[str, Any]
+
+
+class AugmentConfig(ComponentConfig):
+    preset: str
+
+
+class SamplerConfig(ComponentConfig):
+    name: str
+
+
+class TrainConfig(_Section):
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    seed: int
+
+
+class PluginsConfig(_Section):
+    dir: str
+    strict: bool
+
+
+class Config(_Section):
+    data: DataConfig
+    ingest: IngestConfig
+    model: ModelConfig
+    loss: LossConfig
+    augment: AugmentConfig
+    sampler: SamplerConfig
+    train: TrainConfig
+    plugins: PluginsConfig
+
+
+DEFAULT_CONFIG = files("receipt_embed") / "configs" / "default.yaml"
+
+
+def _schema_fields(model: type[BaseModel], path: Sequence[str]) -> list[str]:
+    for key in path:
+        annotation = model.model_fields[key].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _explain(error: dict) -> str:
+    loc = [str(part) for part in error["loc"]]
+    key = ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        siblings = _schema_fields(Config, loc[:-1])
+        close = difflib.get_close_matches(loc[-1], siblings, n=1)
+        prefix = ".".join(loc[:-1])
+        hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
+        valid = ", ".join(siblings)
+        return f"unknown config key '{key}'{hint} (valid keys here: {valid})"
+    if error["type"] == "missing":
+        return f"missing config key '{key}'"
+    return f"config key '{key}': {error['msg']} (got {error.get('input')!r})"
+
+
+def _load_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Merge defaults, an optional user file and ``key.path=value`` overrides; validate."""
+    layers = [OmegaConf.create(_load_yaml(Path(str(DEFAULT_CONFIG))))]
+    if config_file is not None:
+        layers.append(OmegaConf.create(_load_yaml(Path(config_file))))
+    for item in overrides:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ConfigError(f"--set expects key.path=value, got {item!r}")
+        try:
+            layers.append(OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"cannot parse --set {item!r}: {exc}") from None
+    merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_explain(e) for e in exc.errors())) from None
+
+
+def config_to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config next to a run's outputs (atomically)."""
+    from receipt_embed.fileio import atomic_write_text
+
+    atomic_write_text(path, config_to_yaml(config))

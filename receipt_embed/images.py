@@ -1,0 +1,105 @@
+"""Image decoding shared by ingest, training and search: one place decides what a capture
+looks like once decoded.
+
+Pillow does the decoding. EXIF orientation is applied; CMYK, palette, 16-bit and alpha
+images are converted to 8-bit RGB (transparent areas become white paper) rather than
+rejected. What cannot be decoded raises :class:`ImageRejected` with a short reason code.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+SUPPORTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "TIFF", "BMP"})
+
+
+class ImageRejected(Exception):
+    """A file that is not a usable capture; ``reason`` is a stable code for reports."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    image: Image.Image  # 8-bit RGB, orientation applied
+    format: str
+    source_mode: str
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        pixels = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if mode != "F" and pixels.max(initial=0) > 255 else 255.0
+        if mode == "F":
+            top = max(float(pixels.max(initial=0)), 1.0)
+        gray = np.clip(np.round(pixels * (255.0 / top)), 0, 255).astype(np.uint8)
+        return Image.fromarray(gray, mode="L").convert("RGB")
+    if mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if mode in ("RGBA", "LA", "PA") or image.mode == "RGBA":
+        rgba = image.convert("RGBA")
+        paper = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(paper, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> DecodedImage:
+    """Decode fully (so truncation is caught), check size and format, return 8-bit RGB."""
+    if not data:
+        raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            fmt = image.format or "unknown"
+            if fmt not in SUPPORTED_FORMATS:
+                raise ImageRejected(
+                    "unsupported_format",
+                    f"{name}: unsupported image format {fmt} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})",
+                )
+            width, height = image.size
+            if width * height > max_pixels:
+                raise ImageRejected(
+                    "too_many_pixels",
+                    f"{name}: {width}x{height} = {width * height} pixels exceeds the limit of {max_pixels} "
+                    "(possible decompression bomb; raise ingest.max_pixels if it is genuine)",
+                )
+            source_mode = image.mode
+            image.load()
+            image = ImageOps.exif_transpose(image)
+    except ImageRejected:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected("too_many_pixels", f"{name}: {exc}") from None
+    except UnidentifiedImageError:
+        raise ImageRejected("not_an_image", f"{name}: not a recognised image file") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        text = str(exc)
+        lowered = text.lower()
+        reason = "truncated" if "truncated" in lowered or "broken data stream" in lowered else "decode_error"
+        raise ImageRejected(reason, f"{name}: cannot decode ({text})") from None
+    return DecodedImage(_to_rgb(image), fmt, source_mode)
+
+
+def load_rgb(path: str | Path, max_pixels: int = 89_478_485) -> Image.Image:
+    """Read and decode one capture as 8-bit RGB with orientation applied."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ImageRejected("missing_file", f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ImageRejected("not_a_file", f"{path}: is a directory") from None
+    return decode_image(data, max_pixels, str(path)).image

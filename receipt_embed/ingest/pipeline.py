@@ -1,0 +1,219 @@
+"""The ingest pipeline: validate rows, decode every file, resolve exact duplicates, split by
+identity, and write ``manifest.jsonl`` + ``ingest_report.json``.
+
+Nothing is dropped silently: every row that does not make it into the manifest is either
+listed in the report's ``rejected`` (with its line and a reason code) or in
+``exact_duplicates.merged``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from receipt_embed.config import IngestConfig, load_config
+from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl
+from receipt_embed.images import ImageRejected, decode_image
+from receipt_embed.ingest.duplicates import resolve_duplicates
+from receipt_embed.ingest.manifest import REQUIRED_COLUMNS, ManifestError, ManifestRow, find_manifest, read_manifest
+from receipt_embed.ingest.splits import SPLITS, assign_splits
+
+MANIFEST_FILE = "manifest.jsonl"
+REPORT_FILE = "ingest_report.json"
+
+
+@dataclass
+class IngestResult:
+    out_dir: Path
+    rows: list[dict]
+    report: dict
+    rejected: list[dict] = field(default_factory=list)
+
+    def summary(self) -> str:
+        c = self.report["counts"]
+        reasons = Counter(r["reason"] for r in self.rejected)
+        reason_text = f" ({', '.join(f'{n} {k}' for k, n in sorted(reasons.items()))})" if reasons else ""
+        splits = ", ".join(
+            f"{name} {s['identities']} identities / {s['captures']} captures"
+            for name, s in self.report["per_split"].items()
+        )
+        dup = self.report["exact_duplicates"]
+        lines = [
+            f"Read {c['rows']} rows from {self.report['source']}",
+            f"  accepted {c['accepted']}, rejected {c['rejected']}{reason_text}, "
+            f"merged exact duplicates {c['merged_duplicates']}",
+            f"  {c['identities']} identities, {len(self.report['per_device'])} devices",
+            f"  splits: {splits}",
+        ]
+        if dup["conflicts"]:
+            verdict = "joined" if dup["joined_identities"] else "kept and flagged (see --merge-duplicates)"
+            lines.append(f"  {len(dup['conflicts'])} identical file(s) under different receipt_ids: {verdict}")
+        lines.append(f"Wrote {self.out_dir / MANIFEST_FILE} and {self.out_dir / REPORT_FILE}")
+        return "\n".join(lines)
+
+
+def _reject(rejected: list, row: ManifestRow, reason: str, detail: str) -> None:
+    path = row.fields.get("path")
+    rejected.append({"line": row.line, "path": path if isinstance(path, str) else None, "reason": reason, "detail": detail})
+
+
+def _validate_rows(rows: list[ManifestRow], root: Path, settings: IngestConfig, rejected: list) -> list[dict]:
+    """Field and path checks that need no file access; returns candidate rows."""
+    candidates, seen = [], {}
+    for row in rows:
+        fields = {k: ("" if v is None else v if isinstance(v, str) else str(v)) for k, v in row.fields.items()}
+        missing = [c for c in REQUIRED_COLUMNS if row.fields.get(c) is None]
+        empty = [c for c in REQUIRED_COLUMNS if c not in missing and not fields[c]]
+        if missing:
+            _reject(rejected, row, "missing_field", f"line {row.line}: missing {', '.join(missing)}")
+            continue
+        if "receipt_id" in empty:
+            _reject(rejected, row, "empty_receipt_id", f"line {row.line}: receipt_id is empty")
+            continue
+        if empty:
+            _reject(rejected, row, "missing_field", f"line {row.line}: empty {', '.join(empty)}")
+            continue
+        raw_path = fields["path"]
+        is_absolute = Path(raw_path).is_absolute()
+        if is_absolute and not settings.allow_absolute_paths:
+            _reject(rejected, row, "absolute_path", f"line {row.line}: absolute path {raw_path} (allow with --allow-absolute-paths)")
+            continue
+        resolved = (root / raw_path).resolve()
+        if not is_absolute and not resolved.is_relative_to(root):
+            _reject(rejected, row, "path_escapes", f"line {row.line}: path {raw_path} escapes the manifest folder {root}")
+            continue
+        split = fields.get("split", "").lower()
+        if split and split not in SPLITS:
+            _reject(rejected, row, "invalid_split", f"line {row.line}: split {fields['split']!r} is not one of {', '.join(SPLITS)}")
+            continue
+        if resolved in seen:
+            first = seen[resolved]
+            _reject(rejected, row, "repeated_row", f"line {row.line}: same file as line {first} ({raw_path})")
+            continue
+        seen[resolved] = row.line
+        candidates.append({**fields, "split": split, "path": str(resolved), "manifest_path": raw_path, "line": row.line})
+    return candidates
+
+
+def _inspect(candidate: dict, max_pixels: int) -> dict:
+    """Read and fully decode one file; returns its checked facts or the rejection."""
+    path = Path(candidate["path"])
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {"reason": "missing_file", "detail": f"line {candidate['line']}: file not found: {path}"}
+    except (IsADirectoryError, PermissionError) as exc:
+        return {"reason": "not_a_file", "detail": f"line {candidate['line']}: cannot read {path} ({exc.strerror})"}
+    try:
+        decoded = decode_image(data, max_pixels, name=f"line {candidate['line']}: {candidate['manifest_path']}")
+    except ImageRejected as exc:
+        return {"reason": exc.reason, "detail": exc.detail}
+    width, height = decoded.image.size
+    return {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "width": width,
+        "height": height,
+        "format": decoded.format,
+        "mode": decoded.source_mode,
+    }
+
+
+def _check_files(candidates: list[dict], settings: IngestConfig, rejected: list, progress: bool) -> list[dict]:
+    workers = min(4, os.cpu_count() or 1)
+    checked = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = pool.map(lambda c: _inspect(c, settings.max_pixels), candidates)
+        for candidate, facts in tqdm(
+            zip(candidates, results), total=len(candidates), desc="checking files", unit="file", disable=not progress
+        ):
+            if "reason" in facts:
+                rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
+            else:
+                checked.append({**candidate, **facts})
+    return checked
+
+
+def _explicit_splits(rows: list[dict]) -> dict[str, str]:
+    given: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        if row["split"]:
+            given[row["receipt_id"]][row["split"]].append(row["line"])
+    fixed = {}
+    for receipt_id, by_split in given.items():
+        if len(by_split) > 1:
+            where = "; ".join(f"{s} on lines {', '.join(map(str, lines))}" for s, lines in sorted(by_split.items()))
+            raise ManifestError(f"receipt_id {receipt_id!r} is given more than one split ({where}); one receipt must stay in one split")
+        fixed[receipt_id] = next(iter(by_split))
+    return fixed
+
+
+def _report(source: Path, rows_read: int, kept: list[dict], rejected: list, duplicates: dict, settings: IngestConfig) -> dict:
+    per_split = {s: {"identities": 0, "captures": 0} for s in SPLITS}
+    identities_by_split: dict[str, set] = defaultdict(set)
+    per_device: dict[str, dict] = {}
+    captures = Counter(row["receipt_id"] for row in kept)
+    for row in kept:
+        per_split[row["split"]]["captures"] += 1
+        identities_by_split[row["split"]].add(row["receipt_id"])
+        device = per_device.setdefault(row["device"], {"captures": 0, **{s: 0 for s in SPLITS}})
+        device["captures"] += 1
+        device[row["split"]] += 1
+    for split, ids in identities_by_split.items():
+        per_split[split]["identities"] = len(ids)
+    merged = sum(len(entry["merged"]) for entry in duplicates["merged"])
+    return {
+        "source": str(source),
+        "settings": settings.model_dump(mode="json"),
+        "counts": {
+            "rows": rows_read,
+            "accepted": len(kept),
+            "rejected": len(rejected),
+            "merged_duplicates": merged,
+            "identities": len(captures),
+            "duplicate_conflicts": len(duplicates["conflicts"]),
+        },
+        "rejected": sorted(rejected, key=lambda r: r["line"]),
+        "rejected_by_reason": dict(sorted(Counter(r["reason"] for r in rejected).items())),
+        "exact_duplicates": duplicates,
+        "per_split": per_split,
+        "per_device": dict(sorted(per_device.items())),
+        "captures_per_identity": {str(k): v for k, v in sorted(Counter(captures.values()).items())},
+    }
+
+
+def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | None = None, progress: bool = False) -> IngestResult:
+    """Check a manifest's captures and write the dataset dir; raises ManifestError for an
+    unreadable manifest, records every rejected row otherwise."""
+    settings = settings or load_config().ingest
+    manifest_path = find_manifest(source)
+    root = manifest_path.parent.resolve()
+    rows = read_manifest(manifest_path)
+    columns = set().union(*(row.fields for row in rows)) if rows else set()
+    absent = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if rows and absent:
+        raise ManifestError(f"{manifest_path}: required column(s) {', '.join(absent)} not found (columns: {', '.join(sorted(columns))})")
+
+    rejected: list[dict] = []
+    candidates = _validate_rows(rows, root, settings, rejected)
+    checked = _check_files(candidates, settings, rejected, progress)
+    kept, duplicates = resolve_duplicates(checked, merge=settings.merge_duplicates)
+    assignment = assign_splits([r["receipt_id"] for r in kept], settings.split_ratios, settings.seed, _explicit_splits(kept))
+
+    ordered = []
+    for row in kept:
+        row["split"] = assignment[row["receipt_id"]]
+        head = {k: row.pop(k) for k in ("path", "receipt_id", "device", "split", "sha256", "width", "height")}
+        ordered.append({**head, **row})
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = _report(manifest_path, len(rows), ordered, rejected, duplicates, settings)
+    atomic_write_jsonl(out_dir / MANIFEST_FILE, ordered)
+    atomic_write_json(out_dir / REPORT_FILE, report)
+    return IngestResult(out_dir, ordered, report, report["rejected"])

@@ -1,0 +1,1 @@
+"""Encoders (backbones producing the features that get indexed)."""

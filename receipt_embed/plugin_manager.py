@@ -1,0 +1,171 @@
+"""Plugin discovery: built-ins, then the ``receipt_embed`` entry-point group, then ``*.py``
+files in a plugins folder.
+
+Built-ins are ordinary plugin modules registered through the same hooks as third-party
+plugins. Each plugin is loaded in its own try/except, so one broken plugin is reported by
+name and the rest still load (or, with ``strict``, the first failure is fatal).
+``RECEIPT_EMBED_DISABLE_PLUGINS`` (comma separated plugin names) blocks plugins before they
+load. Discovery happens once per process and set of options.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+import warnings
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pluggy
+
+from receipt_embed import hookspecs
+from receipt_embed.registry import KINDS, ComponentError, PluginInfo, Registry
+
+ENTRY_POINT_GROUP = "receipt_embed"
+DISABLE_ENV = "RECEIPT_EMBED_DISABLE_PLUGINS"
+DEFAULT_PLUGINS_DIR = "plugins"
+
+BUILTIN_PLUGINS = (
+    "receipt_embed.builtins.augmentations",
+    "receipt_embed.builtins.encoders",
+)
+
+
+class PluginLoadError(RuntimeError):
+    """A plugin failed to import or register (fatal only under --strict-plugins)."""
+
+
+class PluginLoadWarning(UserWarning):
+    """A plugin failed to load and was skipped."""
+
+
+def disabled_plugins() -> set[str]:
+    raw = os.environ.get(DISABLE_ENV, "")
+    return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+class PluginLoader:
+    """Loads plugins into a pluggy manager and records where each came from."""
+
+    def __init__(self, strict: bool = False):
+        self.strict = strict
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.registry = Registry()
+        for name in disabled_plugins():
+            self.pm.set_blocked(name)
+
+    def _fail(self, name: str, exc: BaseException) -> None:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.registry.failures[name] = detail
+        message = f"plugin {name!r} failed to load and was skipped: {detail}"
+        if self.strict:
+            raise PluginLoadError(message) from exc
+        warnings.warn(message, PluginLoadWarning, stacklevel=2)
+
+    def _register(self, module, info: PluginInfo) -> None:
+        if self.pm.is_blocked(info.name):
+            return
+        try:
+            self.pm.register(module, name=info.name)
+            self.pm.check_pending()
+        except Exception as exc:  # a bad hookimpl must not take the others down
+            if self.pm.has_plugin(info.name):
+                self.pm.unregister(name=info.name)
+            self._fail(info.name, exc)
+            return
+        self.registry.plugins[info.name] = info
+
+    def load_builtins(self) -> None:
+        from receipt_embed import __version__
+
+        for module_name in BUILTIN_PLUGINS:
+            name = module_name.rsplit(".", 1)[-1]
+            info = PluginInfo(f"builtin.{name}", "builtin", module_name, __version__)
+            if self.pm.is_blocked(info.name):
+                continue
+            self._register(importlib.import_module(module_name), info)
+
+    def load_entry_points(self) -> None:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if self.pm.is_blocked(ep.name):
+                continue
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(
+                ep.name,
+                "entry point",
+                f"{dist.name if dist else '?'}: {ep.value}",
+                dist.version if dist else None,
+            )
+            try:
+                module = ep.load()
+            except Exception as exc:
+                self._fail(ep.name, exc)
+                continue
+            self._register(module, info)
+
+    def load_folder(self, folder: Path) -> None:
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.glob("*.py")):
+            name = path.stem
+            if name.startswith("_") or self.pm.is_blocked(name):
+                continue
+            module_name = f"receipt_embed_folder_plugins.{name}"
+            try:
+                spec = importlib.util.spec_from_file_location(module_name, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(module_name, None)
+                self._fail(name, exc)
+                continue
+            self._register(module, PluginInfo(name, "folder", str(path), getattr(module, "__version__", None)))
+
+    def collect_components(self) -> None:
+        """Call every plugin's register hooks with a callback bound to that plugin."""
+        for kind, hook_name in KINDS.items():
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                plugin = impl.plugin_name
+                if plugin in self.registry.failures:
+                    continue
+
+                def register(name, factory, description="", _kind=kind, _plugin=plugin):
+                    self.registry.add(_kind, _plugin, name, factory, description)
+
+                try:
+                    impl.function(register=register)
+                except ComponentError:
+                    raise  # a name clash or invalid component is the user's to fix
+                except Exception as exc:
+                    self.registry.drop_plugin(plugin)
+                    self._fail(plugin, exc)
+
+
+def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
+    return Path(plugins_dir if plugins_dir is not None else DEFAULT_PLUGINS_DIR).resolve()
+
+
+@functools.lru_cache(maxsize=8)
+def _load(plugins_dir: Path, strict: bool, disabled: frozenset[str]) -> tuple[pluggy.PluginManager, Registry]:
+    loader = PluginLoader(strict=strict)
+    loader.load_builtins()
+    loader.load_entry_points()
+    loader.load_folder(plugins_dir)
+    loader.collect_components()
+    return loader.pm, loader.registry
+
+
+def get_plugin_manager(plugins_dir=None, strict: bool = False) -> pluggy.PluginManager:
+    """The pluggy manager with every plugin loaded (cached per process)."""
+    return _load(resolve_plugins_dir(plugins_dir), strict, frozenset(disabled_plugins()))[0]
+
+
+def get_registry(plugins_dir=None, strict: bool = False) -> Registry:
+    """The registry of components from every loaded plugin (cached per process)."""
+    return _load(resolve_plugins_dir(plugins_dir), strict, frozenset(disabled_plugins()))[1]

@@ -1,0 +1,37 @@
+"""The command line as a user meets it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from receipt_embed import __version__
+
+
+def test_help_lists_commands_and_module_entry(cli):
+    result = cli("--help")
+    assert result.returncode == 0
+    for name in ("ingest", "plugins", "demo", "make-samples", "config"):
+        assert name in result.stdout
+
+
+def test_version(cli):
+    assert cli("--version").stdout.strip() == f"receipt-embed, version {__version__}"
+
+
+def test_console_script_installed():
+    exe = Path(sys.executable).parent / "receipt-embed"
+    assert exe.is_file(), "the receipt-embed console script is not installed next to python"
+    assert "ingest" in subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
+
+
+def test_help_does_not_import_torch(cli):
+    code = "import sys; from receipt_embed.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip().endswith("False")
+
+
+def test_unknown_command(cli):
+    result = cli("trian")
+    assert result.returncode == 2 and "No such command 'trian'" in result.stderr

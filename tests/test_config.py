@@ -1,0 +1,88 @@
+"""Configuration: defaults <- file <- --set, typed, unknown keys named with a suggestion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from receipt_embed.config import ConfigError, load_config, save_config
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED_KEYS = [
+    "data.image_size", "train.epochs", "train.batch_size", "train.seed", "loss.name",
+    "loss.temperature", "model.encoder", "model.pretrained", "augment.preset", "sampler.name",
+]
+
+
+def test_top_level_default_is_the_packaged_default():
+    top = REPO / "configs" / "default.yaml"
+    packaged = REPO / "receipt_embed" / "configs" / "default.yaml"
+    assert top.read_text() == packaged.read_text()
+
+
+def test_every_setting_has_a_comment_and_design_keys_exist():
+    text = (REPO / "configs" / "default.yaml").read_text()
+    data = yaml.safe_load(text)
+    for section, values in data.items():
+        for key in values:
+            line = next(l for l in text.splitlines() if l.strip().startswith(f"{key}:"))
+            assert "#" in line, f"{section}.{key} has no comment"
+    config = load_config()
+    for dotted in REQUIRED_KEYS:
+        section, key = dotted.split(".")
+        assert hasattr(getattr(config, section), key), dotted
+
+
+def test_file_then_overrides_merge_with_types(tmp_path):
+    user = tmp_path / "exp.yaml"
+    user.write_text("train:\n  epochs: 7\n  batch_size: 32\nloss:\n  params: {tau_plus: 0.1}\n")
+    config = load_config(user, ["train.epochs=9", "data.image_size=[320,160]", "loss.temperature=0.2", "model.pretrained=null"])
+    assert config.train.epochs == 9 and config.train.batch_size == 32
+    assert config.data.image_size == (320, 160)
+    assert config.loss.temperature == 0.2 and config.loss.params == {"tau_plus": 0.1}
+    assert config.model.pretrained is None
+    assert config.train.seed == 0  # untouched defaults remain
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_config(overrides=["train.epochs=3"])
+    save_config(config, tmp_path / "run" / "config.yaml")
+    assert load_config(tmp_path / "run" / "config.yaml") == config
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.epoch=5", "unknown config key 'train.epoch'; did you mean 'train.epochs'?"),
+        ("trian.epochs=5", "unknown config key 'trian'; did you mean 'train'?"),
+        ("loss.temperature=0", "config key 'loss.temperature': Input should be greater than 0"),
+        ("train.epochs=many", "config key 'train.epochs': Input should be a valid integer"),
+        ("ingest.split_ratios=[0.5,0.5,0.5]", "must be three non-negative numbers summing to 1"),
+        ("model.pooling=max", "config key 'model.pooling': Input should be 'gap' or 'grid'"),
+        ("noequals", "--set expects key.path=value, got 'noequals'"),
+    ],
+)
+def test_bad_config_names_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert message in str(info.value)
+
+
+def test_bad_config_file(tmp_path):
+    (tmp_path / "bad.yaml").write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_cli_config_command(cli, tmp_path):
+    result = cli("config", "--set", "train.epochs=4")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["train"]["epochs"] == 4
+    bad = cli("config", "--set", "train.epoch=4")
+    assert bad.returncode == 2
+    assert "unknown config key 'train.epoch'; did you mean 'train.epochs'?" in bad.stderr

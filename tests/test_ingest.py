@@ -1,0 +1,291 @@
+"""Ingest: every bad-input case is rejected with its reason; nothing is lost silently."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from receipt_embed.config import load_config
+from receipt_embed.images import decode_image
+from receipt_embed.ingest import ManifestError, ingest
+
+
+def _jpeg(seed: int, size=(40, 80), **save) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90, **save)
+    return buffer.getvalue()
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _write_csv(folder: Path, rows: list[str], header="path,receipt_id,device") -> Path:
+    manifest = folder / "manifest.csv"
+    manifest.write_text("\n".join([header, *rows]) + "\n")
+    return manifest
+
+
+def _settings(**overrides):
+    return load_config(overrides=[f"ingest.{k}={v}" for k, v in overrides.items()]).ingest
+
+
+@pytest.fixture
+def bad_folder(tmp_path):
+    """A manifest whose rows exercise every rejection reason, plus good rows."""
+    images = tmp_path / "caps" / "images"
+    images.mkdir(parents=True)
+    for i in range(4):
+        (images / f"good{i}.jpg").write_bytes(_jpeg(i))
+    (images / "empty.jpg").write_bytes(b"")
+    (images / "truncated.jpg").write_bytes(_jpeg(10)[:600])
+    (images / "text.jpg").write_text("this is not an image\n")
+    icon = io.BytesIO()
+    Image.new("RGB", (16, 16), "red").save(icon, "ICO")
+    (images / "icon.ico").write_bytes(icon.getvalue())
+    (images / "huge.png").write_bytes(_png(Image.new("L", (300, 300), 255)))
+    (tmp_path / "outside.jpg").write_bytes(_jpeg(20))
+    rows = [
+        "images/good0.jpg,r1,phone",      # line 2
+        "images/good1.jpg,r1,scanner",    # 3
+        "images/good2.jpg,r2,phone",      # 4
+        "images/missing.jpg,r3,phone",    # 5 missing_file
+        "images/empty.jpg,r3,phone",      # 6 empty_file
+        "images/truncated.jpg,r4,phone",  # 7 truncated
+        "images/text.jpg,r4,phone",       # 8 not_an_image
+        "images/icon.ico,r5,phone",       # 9 unsupported_format
+        "images/huge.png,r5,phone",       # 10 too_many_pixels (limit 50000)
+        "../outside.jpg,r6,phone",        # 11 path_escapes
+        f"{tmp_path / 'outside.jpg'},r6,phone",  # 12 absolute_path
+        "images/good3.jpg,r7,",           # 13 missing_field (device empty)
+        "images/good3.jpg,,phone",        # 14 empty_receipt_id
+        "images/good0.jpg,r1,phone",      # 15 repeated_row
+        "images,r8,phone",                # 16 not_a_file (a folder)
+    ]
+    return _write_csv(tmp_path / "caps", rows)
+
+
+EXPECTED_REASONS = {
+    5: "missing_file",
+    6: "empty_file",
+    7: "truncated",
+    8: "not_an_image",
+    9: "unsupported_format",
+    10: "too_many_pixels",
+    11: "path_escapes",
+    12: "absolute_path",
+    13: "missing_field",
+    14: "empty_receipt_id",
+    15: "repeated_row",
+    16: "not_a_file",
+}
+
+
+def test_each_bad_row_rejected_with_its_reason(bad_folder, tmp_path):
+    result = ingest(bad_folder, tmp_path / "out", _settings(max_pixels=50000))
+    report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
+    reasons = {entry["line"]: entry["reason"] for entry in report["rejected"]}
+    assert reasons == EXPECTED_REASONS
+    assert report["counts"] == {
+        "rows": 15, "accepted": 3, "rejected": 12, "merged_duplicates": 0,
+        "identities": 2, "duplicate_conflicts": 0,
+    }
+    details = {entry["line"]: entry["detail"] for entry in report["rejected"]}
+    assert "line 15: same file as line 2" in details[15]
+    assert "escapes the manifest folder" in details[11]
+    assert "300x300 = 90000 pixels exceeds the limit of 50000" in details[10]
+    assert "unsupported image format ICO" in details[9]
+    assert details[13] == "line 13: empty device"
+    # every row is accounted for: accepted + rejected + merged
+    manifest = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    assert len(manifest) == 3
+    assert {row["line"] for row in manifest} | set(reasons) == set(range(2, 17))
+    assert result.report == report
+
+
+def test_absolute_paths_accepted_with_flag(bad_folder, tmp_path):
+    result = ingest(bad_folder, tmp_path / "out", _settings(max_pixels=50000, allow_absolute_paths=True))
+    assert 12 not in {entry["line"] for entry in result.rejected}
+    assert any(row["receipt_id"] == "r6" and Path(row["path"]).name == "outside.jpg" for row in result.rows)
+
+
+def test_manifest_rows_carry_checked_facts(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(_jpeg(1, size=(30, 50)))
+    manifest = _write_csv(tmp_path, ["a.jpg,r1,phone,Shop A"], header="path,receipt_id,device,merchant")
+    result = ingest(manifest, tmp_path / "out", _settings())
+    row = result.rows[0]
+    import hashlib
+    assert row["sha256"] == hashlib.sha256((tmp_path / "a.jpg").read_bytes()).hexdigest()
+    assert (row["width"], row["height"]) == (30, 50)
+    assert row["merchant"] == "Shop A" and row["split"] in ("train", "val", "heldout")
+    assert row["path"] == str((tmp_path / "a.jpg").resolve()) and row["manifest_path"] == "a.jpg"
+    assert list(row)[:7] == ["path", "receipt_id", "device", "split", "sha256", "width", "height"]
+
+
+def test_jsonl_row_missing_key_and_numeric_ids(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(_jpeg(1))
+    (tmp_path / "b.jpg").write_bytes(_jpeg(2))
+    (tmp_path / "m.jsonl").write_text(
+        '{"path": "a.jpg", "receipt_id": 17, "device": "phone"}\n\n{"path": "b.jpg", "receipt_id": "x"}\n'
+    )
+    result = ingest(tmp_path / "m.jsonl", tmp_path / "out", _settings())
+    assert result.rows[0]["receipt_id"] == "17"
+    assert result.rejected == [
+        {"line": 3, "path": "b.jpg", "reason": "missing_field", "detail": "line 3: missing device"}
+    ]
+
+
+def test_malformed_csv_names_the_line(tmp_path):
+    (tmp_path / "m.csv").write_text('path,receipt_id,device\na.jpg,r1,phone\n"b.jpg"x,r2,phone\n')
+    with pytest.raises(ManifestError, match=r"m.csv, line 3: malformed CSV"):
+        ingest(tmp_path / "m.csv", tmp_path / "out", _settings())
+
+
+def test_csv_wrong_field_count_names_the_line(tmp_path):
+    (tmp_path / "m.csv").write_text("path,receipt_id,device\na.jpg,r1,phone\nb.jpg,r2\n")
+    with pytest.raises(ManifestError, match=r"line 3: expected 3 fields"):
+        ingest(tmp_path / "m.csv", tmp_path / "out", _settings())
+
+
+def test_invalid_json_line_names_the_line(tmp_path):
+    (tmp_path / "m.jsonl").write_text('{"path": "a.jpg", "receipt_id": "r", "device": "d"}\n{"path": oops}\n')
+    with pytest.raises(ManifestError, match=r"m.jsonl, line 2: invalid JSON"):
+        ingest(tmp_path / "m.jsonl", tmp_path / "out", _settings())
+
+
+def test_missing_required_column_is_a_manifest_error(tmp_path):
+    (tmp_path / "m.csv").write_text("path,receipt\na.jpg,r1\n")
+    with pytest.raises(ManifestError, match=r"required column\(s\) receipt_id, device not found"):
+        ingest(tmp_path / "m.csv", tmp_path / "out", _settings())
+
+
+def test_exif_orientation_applied(tmp_path):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    (tmp_path / "rot.jpg").write_bytes(_jpeg(3, size=(60, 20), exif=exif.tobytes()))
+    result = ingest(_write_csv(tmp_path, ["rot.jpg,r1,phone"]), tmp_path / "out", _settings())
+    assert (result.rows[0]["width"], result.rows[0]["height"]) == (20, 60)
+
+
+def test_unusual_modes_converted_not_rejected(tmp_path):
+    cmyk = io.BytesIO()
+    Image.new("CMYK", (10, 12), (0, 0, 0, 0)).save(cmyk, "JPEG")
+    palette = Image.new("P", (10, 12))
+    palette.putpalette([0, 0, 0, 200, 10, 10] + [0] * 762)
+    palette.paste(1, (0, 0, 10, 6))
+    sixteen = Image.fromarray(np.full((12, 10), 65535 // 2, dtype=np.uint16))
+    alpha = Image.new("RGBA", (10, 12), (0, 0, 0, 0))
+    alpha.paste((10, 20, 30, 255), (0, 0, 5, 12))
+    files = {"cmyk.jpg": cmyk.getvalue(), "pal.png": _png(palette), "16.png": _png(sixteen), "alpha.png": _png(alpha)}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    result = ingest(_write_csv(tmp_path, [f"{name},r{i},d" for i, name in enumerate(files)]), tmp_path / "out", _settings())
+    assert result.rejected == [] and len(result.rows) == 4
+    assert sixteen.mode.startswith("I;16")
+    decoded = {name: np.asarray(decode_image(data, 10**6).image) for name, data in files.items()}
+    for image in decoded.values():
+        assert image.dtype == np.uint8 and image.shape == (12, 10, 3)
+    assert decoded["cmyk.jpg"].min() > 240  # CMYK (0,0,0,0) is white paper
+    assert tuple(decoded["pal.png"][0, 0]) == (200, 10, 10) and tuple(decoded["pal.png"][11, 0]) == (0, 0, 0)
+    assert decoded["16.png"][0, 0, 0] == 127  # 32767 / 65535 * 255, rounded
+    assert tuple(decoded["alpha.png"][0, 0]) == (10, 20, 30) and tuple(decoded["alpha.png"][0, 9]) == (255, 255, 255)
+
+
+def _duplicate_folder(tmp_path):
+    same = _jpeg(5)
+    for name in ("a.jpg", "a_copy.jpg", "b.jpg", "c.jpg"):
+        (tmp_path / name).write_bytes(same if name != "c.jpg" else _jpeg(6))
+    return _write_csv(tmp_path, ["a.jpg,r1,phone", "a_copy.jpg,r1,scanner", "b.jpg,r2,phone", "c.jpg,r2,phone"])
+
+
+def test_same_bytes_same_receipt_merged_and_counted(tmp_path):
+    result = ingest(_duplicate_folder(tmp_path), tmp_path / "out", _settings())
+    dup = result.report["exact_duplicates"]
+    assert result.report["counts"]["merged_duplicates"] == 1
+    assert dup["merged"][0]["kept"] == "a.jpg" and dup["merged"][0]["merged"] == [{"path": "a_copy.jpg", "line": 3}]
+    # same bytes under r1 and r2: a conflict, both kept and flagged by default
+    assert dup["conflicts"][0]["receipt_ids"] == ["r1", "r2"]
+    assert dup["conflicts"][0]["paths"] == ["a.jpg", "a_copy.jpg", "b.jpg"]
+    flagged = {row["manifest_path"] for row in result.rows if row.get("duplicate_conflict")}
+    assert flagged == {"a.jpg", "b.jpg"}
+    assert {row["receipt_id"] for row in result.rows} == {"r1", "r2"}
+
+
+def test_merge_duplicates_joins_identities(tmp_path):
+    result = ingest(_duplicate_folder(tmp_path), tmp_path / "out", _settings(merge_duplicates=True))
+    assert {row["receipt_id"] for row in result.rows} == {"r1"}
+    assert result.report["exact_duplicates"]["joined_identities"] == [{"receipt_id": "r1", "joined": ["r2"]}]
+    by_path = {row["manifest_path"]: row for row in result.rows}
+    assert set(by_path) == {"a.jpg", "c.jpg"}  # a_copy and b are the same bytes as a
+    assert by_path["c.jpg"]["source_receipt_id"] == "r2"
+    assert result.report["counts"]["merged_duplicates"] == 2
+
+
+def _many(tmp_path, n_ids=40, extra_column=None):
+    rows = []
+    for i in range(n_ids):
+        for d in range(2):
+            name = f"{i}_{d}.jpg"
+            (tmp_path / name).write_bytes(_jpeg(1000 + 2 * i + d, size=(8, 16)))
+            rows.append(f"{name},id{i},dev{d}" + (f",{extra_column(i)}" if extra_column else ""))
+    header = "path,receipt_id,device" + (",split" if extra_column else "")
+    return _write_csv(tmp_path, rows, header=header)
+
+
+def test_splits_by_identity_deterministic_and_exact(tmp_path):
+    manifest = _many(tmp_path)
+    first = ingest(manifest, tmp_path / "o1", _settings(seed=3))
+    again = ingest(manifest, tmp_path / "o2", _settings(seed=3))
+    other = ingest(manifest, tmp_path / "o3", _settings(seed=4))
+    split_of = lambda result: {(r["receipt_id"], r["split"]) for r in result.rows}  # noqa: E731
+    assert split_of(first) == split_of(again) != split_of(other)
+    per_identity = {}
+    for rid, split in split_of(first):
+        per_identity.setdefault(rid, set()).add(split)
+    assert all(len(s) == 1 for s in per_identity.values())
+    assert {k: v["identities"] for k, v in first.report["per_split"].items()} == {"train": 32, "val": 4, "heldout": 4}
+    assert first.report["captures_per_identity"] == {"2": 40}
+    assert first.report["per_device"]["dev0"]["captures"] == 40
+
+
+def test_existing_split_column_respected(tmp_path):
+    manifest = _many(tmp_path, n_ids=10, extra_column=lambda i: "heldout" if i < 3 else "")
+    result = ingest(manifest, tmp_path / "out", _settings())
+    for row in result.rows:
+        if row["receipt_id"] in {"id0", "id1", "id2"}:
+            assert row["split"] == "heldout"
+    assert result.report["per_split"]["heldout"]["identities"] >= 3
+
+
+def test_conflicting_split_for_one_receipt_is_an_error(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(_jpeg(1))
+    (tmp_path / "b.jpg").write_bytes(_jpeg(2))
+    manifest = _write_csv(tmp_path, ["a.jpg,r1,p,train", "b.jpg,r1,q,val"], header="path,receipt_id,device,split")
+    with pytest.raises(ManifestError, match=r"receipt_id 'r1' is given more than one split \(train on lines 2; val on lines 3\)"):
+        ingest(manifest, tmp_path / "out", _settings())
+
+
+def test_cli_exit_codes(cli, bad_folder, tmp_path):
+    ok = cli("ingest", bad_folder, "--out", tmp_path / "o1", "--max-pixels", "50000", "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    assert "rejected 12" in ok.stdout and "1 empty_file" in ok.stdout
+    assert "[truncated]" in ok.stderr
+    strict = cli("ingest", bad_folder, "--out", tmp_path / "o2", "--strict", "-q")
+    assert strict.returncode == 1
+    assert (tmp_path / "o2" / "ingest_report.json").is_file()  # the report is still written
+    (tmp_path / "bad.jsonl").write_text("{not json}\n")
+    usage = cli("ingest", tmp_path / "bad.jsonl", "--out", tmp_path / "o3")
+    assert usage.returncode == 2 and "bad.jsonl, line 1: invalid JSON" in usage.stderr
+    ratios = cli("ingest", bad_folder, "--out", tmp_path / "o4", "--split-ratios", "0.5,0.5")
+    assert ratios.returncode == 2 and "expected three ratios" in ratios.stderr
+    sums = cli("ingest", bad_folder, "--out", tmp_path / "o5", "--split-ratios", "0.5,0.5,0.5")
+    assert sums.returncode == 2 and "ingest.split_ratios" in sums.stderr and "summing to 1" in sums.stderr

@@ -1,0 +1,271 @@
+"""Plugin discovery through real mechanisms: an installed entry point, a plugins folder."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from receipt_embed import hookspecs
+from receipt_embed.plugin_manager import PluginLoader, PluginLoadError, PluginLoadWarning
+from receipt_embed.registry import ComponentError, Registry
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_PLUGIN = '''
+"""A tiny third-party plugin providing one sampler."""
+from receipt_embed.hookspecs import hookimpl
+
+def build(identities, batch_size, seed, **params):
+    return [list(range(batch_size))]
+
+@hookimpl
+def register_samplers(register):
+    register("tiny_sampler", build, description="from an installed package")
+'''
+
+
+@pytest.fixture(scope="session")
+def installed_plugin(tmp_path_factory) -> Path:
+    """pip-install a tiny plugin package (with a ``receipt_embed`` entry point) into a
+    target folder; returns the folder to put on PYTHONPATH."""
+    src = tmp_path_factory.mktemp("tiny_src")
+    (src / "tiny_receipt_plugin.py").write_text(TINY_PLUGIN)
+    (src / "pyproject.toml").write_text(textwrap.dedent("""
+        [build-system]
+        requires = ["setuptools>=68"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "tiny-receipt-plugin"
+        version = "0.3.1"
+        [project.entry-points.receipt_embed]
+        tiny = "tiny_receipt_plugin"
+        [tool.setuptools]
+        py-modules = ["tiny_receipt_plugin"]
+    """))
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(src)],
+        check=True, capture_output=True, text=True,
+    )
+    return target
+
+
+def _plugins_json(cli, tmp_path, env=None, plugins_dir=None, extra=()):
+    args = ["--plugins-dir", plugins_dir or tmp_path / "no-plugins", *extra, "plugins", "--json"]
+    return cli(*args, cwd=tmp_path, env=env)
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_builtins_listed_like_plugins(cli, tmp_path):
+    result = _plugins_json(cli, tmp_path)
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    builtins = {p["name"]: p for p in info["plugins"] if p["source"] == "builtin"}
+    assert {"builtin.encoders", "builtin.augmentations"} <= set(builtins)
+    encoders = {c["name"] for c in builtins["builtin.encoders"]["components"] if c["kind"] == "encoder"}
+    assert {"resnet18", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny"} <= encoders
+
+
+def test_entry_point_plugin_discovered(cli, tmp_path, installed_plugin):
+    result = _plugins_json(cli, tmp_path, env={"PYTHONPATH": str(installed_plugin)})
+    assert result.returncode == 0, result.stderr
+    plugins = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
+    tiny = plugins["tiny"]
+    assert tiny["source"] == "entry point"
+    assert tiny["version"] == "0.3.1"
+    assert "tiny-receipt-plugin" in tiny["location"]
+    assert tiny["components"] == [{"kind": "sampler", "name": "tiny_sampler", "description": "from an installed package"}]
+    # the human listing shows it too
+    text = cli("--plugins-dir", tmp_path / "none", "plugins", cwd=tmp_path, env={"PYTHONPATH": str(installed_plugin)})
+    assert "tiny 0.3.1  [entry point: tiny-receipt-plugin" in text.stdout
+    assert "tiny_sampler" in text.stdout
+
+
+def test_disabled_plugin_is_not_loaded(cli, tmp_path, installed_plugin):
+    env = {"PYTHONPATH": str(installed_plugin), "RECEIPT_EMBED_DISABLE_PLUGINS": "tiny, builtin.augmentations"}
+    names = {p["name"] for p in json.loads(_plugins_json(cli, tmp_path, env=env).stdout)["plugins"]}
+    assert "tiny" not in names and "builtin.augmentations" not in names
+    assert "builtin.encoders" in names
+
+
+def test_folder_plugin_loaded_after_entry_points(cli, tmp_path, installed_plugin):
+    folder = tmp_path / "myplugins"
+    _write(folder, "shop_sampler.py", '''
+        __version__ = "1.2"
+        from receipt_embed.hookspecs import hookimpl
+
+        @hookimpl
+        def register_samplers(register):
+            register("by_shop", lambda identities, batch_size, seed: [], description="folder plugin")
+    ''')
+    _write(folder, "_private.py", "raise RuntimeError('files starting with _ are not plugins')\n")
+    result = _plugins_json(cli, tmp_path, env={"PYTHONPATH": str(installed_plugin)}, plugins_dir=folder)
+    assert result.returncode == 0, result.stderr
+    plugins = json.loads(result.stdout)["plugins"]
+    order = [p["name"] for p in plugins]
+    assert order.index("builtin.encoders") < order.index("tiny") < order.index("shop_sampler")
+    shop = plugins[order.index("shop_sampler")]
+    assert shop["source"] == "folder" and shop["version"] == "1.2"
+    assert shop["location"] == str(folder / "shop_sampler.py")
+    assert shop["components"][0]["name"] == "by_shop"
+
+
+def test_default_plugins_folder_is_cwd_plugins(cli, tmp_path):
+    _write(tmp_path / "plugins", "here.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_losses(register):
+            register("here_loss", lambda **p: None)
+    ''')
+    result = cli("plugins", "--json", cwd=tmp_path)
+    assert "here" in {p["name"] for p in json.loads(result.stdout)["plugins"]}
+
+
+BROKEN = "import not_a_real_module_xyz\n"
+GOOD = '''
+from receipt_embed.hookspecs import hookimpl
+@hookimpl
+def register_losses(register):
+    register("good_loss", lambda **p: None)
+'''
+
+
+def test_broken_plugin_warns_and_others_load(cli, tmp_path):
+    folder = tmp_path / "p"
+    _write(folder, "broken.py", BROKEN)
+    _write(folder, "good.py", GOOD)
+    result = _plugins_json(cli, tmp_path, plugins_dir=folder)
+    assert result.returncode == 0, result.stderr
+    assert "plugin 'broken' failed to load and was skipped" in result.stderr
+    assert "not_a_real_module_xyz" in result.stderr
+    info = json.loads(result.stdout)
+    assert "good" in {p["name"] for p in info["plugins"]}
+    assert info["failed"][0]["name"] == "broken"
+
+
+def test_broken_plugin_is_fatal_when_strict(cli, tmp_path):
+    folder = tmp_path / "p"
+    _write(folder, "broken.py", BROKEN)
+    result = _plugins_json(cli, tmp_path, plugins_dir=folder, extra=["--strict-plugins"])
+    assert result.returncode == 2
+    assert "plugin 'broken' failed to load" in result.stderr and "No module named 'not_a_real_module_xyz'" in result.stderr
+
+
+def test_plugin_whose_hook_raises_is_skipped_whole(tmp_path):
+    _write(tmp_path, "half.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_losses(register):
+            register("half_loss", lambda **p: None)
+            raise RuntimeError("boom after one registration")
+    ''')
+    loader = PluginLoader()
+    loader.load_folder(tmp_path)
+    with pytest.warns(PluginLoadWarning, match="plugin 'half' failed to load.*boom after one registration"):
+        loader.collect_components()
+    assert "half_loss" not in loader.registry.components["loss"]
+    assert "half" not in loader.registry.plugins
+
+
+def test_name_clash_names_both_plugins(cli, tmp_path):
+    folder = tmp_path / "p"
+    _write(folder, "my_resnet.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_encoders(register):
+            register("resnet18", lambda **p: None)
+    ''')
+    result = _plugins_json(cli, tmp_path, plugins_dir=folder)
+    assert result.returncode == 2
+    assert "encoder 'resnet18' is registered by two plugins: 'builtin.encoders' and 'my_resnet'" in result.stderr
+    # disabling one of them resolves it
+    ok = _plugins_json(cli, tmp_path, plugins_dir=folder, env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.encoders"})
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_unknown_component_lists_available_names():
+    registry = Registry()
+    registry.add("encoder", "builtin.encoders", "resnet18", lambda **p: "r18")
+    registry.add("encoder", "builtin.encoders", "resnet50", lambda **p: "r50")
+    with pytest.raises(ComponentError) as info:
+        registry.create("encoder", "resnet19")
+    assert str(info.value) == "unknown encoder 'resnet19'. Available: resnet18, resnet50. Did you mean 'resnet18'?"
+    assert registry.create("encoder", "resnet50") == "r50"
+
+
+def test_bad_component_params_name_the_component():
+    registry = Registry()
+    registry.add("loss", "someplugin", "mine", lambda temperature: temperature)
+    with pytest.raises(ComponentError, match=r"loss 'mine' \(from plugin 'someplugin'\): .*unexpected keyword argument 'tau'"):
+        registry.create("loss", "mine", tau=0.1)
+
+
+def test_strict_loader_raises_plugin_load_error(tmp_path):
+    _write(tmp_path, "broken.py", BROKEN)
+    loader = PluginLoader(strict=True)
+    with pytest.raises(PluginLoadError, match="broken"):
+        loader.load_folder(tmp_path)
+
+
+def test_every_hookspec_documented_in_readme_with_signature():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Writing plugins"):]
+    specs = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")]
+    assert {"register_losses", "register_encoders", "register_augmentations", "register_samplers"} <= set(specs)
+    for name in specs:
+        signature = f"{name}{inspect.signature(getattr(hookspecs, name))}"
+        assert signature in section, f"README 'Writing plugins' lacks the signature {signature}"
+
+
+def test_every_hookspec_has_a_test():
+    """datasette-style meta-test: each hook name appears in some test other than this file."""
+    tests = "".join(p.read_text() for p in (REPO / "tests").glob("test_*.py") if p.name != "test_docs.py")
+    specs = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")]
+    missing = [name for name in specs if f"def {name}(" not in tests]
+    assert not missing, f"hooks without a test implementing them: {missing}"
+
+
+def test_folder_plugin_can_implement_every_register_hook(tmp_path):
+    _write(tmp_path, "everything.py", '''
+        from receipt_embed.hookspecs import hookimpl
+
+        @hookimpl
+        def register_losses(register):
+            register("l1_loss", lambda scale=1.0: ("loss", scale))
+
+        @hookimpl
+        def register_encoders(register):
+            register("tiny_cnn", lambda **params: ("encoder", params))
+
+        @hookimpl
+        def register_augmentations(register):
+            register("flip", lambda image_size, **params: ("augmentation", tuple(image_size)))
+
+        @hookimpl
+        def register_samplers(register):
+            register("every_other", lambda identities, batch_size, seed: ("sampler", batch_size))
+    ''')
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.load_folder(tmp_path)
+    loader.collect_components()
+    registry = loader.registry
+    assert registry.create("loss", "l1_loss", scale=2.0) == ("loss", 2.0)
+    assert registry.create("encoder", "tiny_cnn", depth=3) == ("encoder", {"depth": 3})
+    assert registry.create("augmentation", "flip", image_size=[8, 4]) == ("augmentation", (8, 4))
+    assert registry.create("sampler", "every_other", identities=[], batch_size=4, seed=0) == ("sampler", 4)
+    assert {c.plugin for kind in registry.components.values() for c in kind.values() if c.name in
+            {"l1_loss", "tiny_cnn", "flip", "every_other"}} == {"everything"}

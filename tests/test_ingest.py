@@ -112,6 +112,26 @@ def test_each_bad_row_rejected_with_its_reason(bad_folder, tmp_path):
     assert result.report == report
 
 
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares huge dimensions but holds almost no data: a decompression bomb
+    must be refused from its header, before any pixel is decoded."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def test_decompression_bomb_refused_from_header(tmp_path):
+    (tmp_path / "bomb.png").write_bytes(_png_header_only(100_000, 100_000))
+    result = ingest(_write_csv(tmp_path, ["bomb.png,r1,phone"]), tmp_path / "out", _settings())
+    assert [(r["line"], r["reason"]) for r in result.rejected] == [(2, "too_many_pixels")]
+    assert "10000000000 pixels" in result.rejected[0]["detail"]
+
+
 def test_absolute_paths_accepted_with_flag(bad_folder, tmp_path):
     result = ingest(bad_folder, tmp_path / "out", _settings(max_pixels=50000, allow_absolute_paths=True))
     assert 12 not in {entry["line"] for entry in result.rejected}

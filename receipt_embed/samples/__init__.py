@@ -1,0 +1,43 @@
+"""Deterministic synthetic receipts and simulated capture devices.
+
+The bundled ``data_samples/`` set comes from here: shop templates shared by many receipts
+(:mod:`.shops`), per-receipt content (:mod:`.receipts`), rendering to a flat scan
+(:mod:`.render`), device profiles (:mod:`.devices`) with their surfaces
+(:mod:`.backgrounds`), the capture simulation that works on any scan (:mod:`.capture`),
+and writing a set with its manifest (:mod:`.generate`). Same seed and arguments, same
+bytes.
+"""
+
+from receipt_embed.samples.capture import capture_jpeg, simulate_capture
+from receipt_embed.samples.devices import DEVICES, DeviceProfile, select_devices
+from receipt_embed.samples.generate import (
+    MANIFEST_COLUMNS,
+    SCAN_SUFFIXES,
+    capture_scans,
+    capture_seed,
+    find_scans,
+    make_samples,
+)
+from receipt_embed.samples.receipts import LineItem, Receipt, make_receipt
+from receipt_embed.samples.render import render_receipt
+from receipt_embed.samples.shops import SHOPS, ShopTemplate
+
+__all__ = [
+    "DEVICES",
+    "MANIFEST_COLUMNS",
+    "SCAN_SUFFIXES",
+    "SHOPS",
+    "DeviceProfile",
+    "LineItem",
+    "Receipt",
+    "ShopTemplate",
+    "capture_jpeg",
+    "capture_scans",
+    "capture_seed",
+    "find_scans",
+    "make_receipt",
+    "make_samples",
+    "render_receipt",
+    "select_devices",
+    "simulate_capture",
+]

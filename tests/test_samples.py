@@ -1,0 +1,347 @@
+"""The synthetic sample generator: determinism, manifest contract, shops, device looks, CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from receipt_embed.cli import main
+from receipt_embed.samples import (
+    DEVICES,
+    MANIFEST_COLUMNS,
+    SHOPS,
+    capture_jpeg,
+    capture_scans,
+    find_scans,
+    make_receipt,
+    make_samples,
+    render_receipt,
+    select_devices,
+    simulate_capture,
+)
+from receipt_embed.samples.capture import _frame
+
+
+def read_manifest(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def sample_set(tmp_path_factory) -> Path:
+    """8 receipts (every shop once) x the 3 default devices."""
+    out = tmp_path_factory.mktemp("samples")
+    make_samples(out, receipts=8, devices=3, seed=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def all_device_captures() -> dict[str, list[Image.Image]]:
+    """Captures of 6 receipts by every device profile, keyed by device name."""
+    scans = [render_receipt(make_receipt(3, index)) for index in range(6)]
+    return {
+        device.name: [simulate_capture(scan, device, seed=100 + i) for i, scan in enumerate(scans)]
+        for device in DEVICES
+    }
+
+
+# --- determinism -------------------------------------------------------------------------
+
+def test_same_seed_and_arguments_give_byte_identical_files(tmp_path):
+    make_samples(tmp_path / "a", receipts=3, devices=2, seed=7)
+    make_samples(tmp_path / "b", receipts=3, devices=2, seed=7)
+    first, second = tree_bytes(tmp_path / "a"), tree_bytes(tmp_path / "b")
+    assert len(first) == 3 * 2 + 1
+    assert first == second
+
+
+def test_a_larger_set_contains_the_captures_of_a_smaller_one(tmp_path):
+    make_samples(tmp_path / "small", receipts=2, devices=1, seed=4)
+    make_samples(tmp_path / "large", receipts=3, devices=2, seed=4)
+    small, large = tree_bytes(tmp_path / "small"), tree_bytes(tmp_path / "large")
+    images = {name: data for name, data in small.items() if name.startswith("images/")}
+    assert len(images) == 2
+    assert all(large[name] == data for name, data in images.items())
+
+
+def test_different_seeds_give_different_receipts():
+    for index in range(8):
+        a, b = make_receipt(0, index), make_receipt(1, index)
+        assert (a.items, a.number, a.issued) != (b.items, b.number, b.issued)
+        assert render_receipt(a).tobytes() != render_receipt(b).tobytes()
+
+
+def test_capture_randomness_follows_the_seed():
+    scan = render_receipt(make_receipt(0, 0))
+    device = DEVICES[0]
+    assert capture_jpeg(scan, device, seed=1) == capture_jpeg(scan, device, seed=1)
+    assert capture_jpeg(scan, device, seed=1) != capture_jpeg(scan, device, seed=2)
+
+
+# --- the manifest and the files ----------------------------------------------------------
+
+def test_manifest_lists_one_capture_per_receipt_and_device(sample_set):
+    columns, rows = read_manifest(sample_set / "manifest.csv")
+    assert columns == list(MANIFEST_COLUMNS)
+    assert len(rows) == 8 * 3
+    devices = [d.name for d in select_devices(3)]
+    by_receipt = defaultdict(list)
+    for row in rows:
+        assert (sample_set / row["path"]).is_file()
+        assert not Path(row["path"]).is_absolute()
+        by_receipt[row["receipt_id"]].append(row)
+    assert len(by_receipt) == 8
+    for captures in by_receipt.values():
+        assert sorted(row["device"] for row in captures) == sorted(devices)
+        assert len({row["merchant"] for row in captures}) == 1
+    assert {row["merchant"] for row in rows} == {shop.name for shop in SHOPS}
+
+
+def test_images_decode_and_are_portrait(sample_set):
+    widths = {d.name: d.width for d in DEVICES}
+    _, rows = read_manifest(sample_set / "manifest.csv")
+    for row in rows:
+        with Image.open(sample_set / row["path"]) as image:
+            assert image.format == "JPEG"
+            image.load()
+            assert image.mode == "RGB"
+            assert image.width == widths[row["device"]]
+            assert image.height >= 1.25 * image.width
+
+
+# --- receipt content ---------------------------------------------------------------------
+
+def test_amounts_add_up():
+    for index in range(16):
+        receipt = make_receipt(2, index)
+        assert 2 <= len(receipt.items) <= 12
+        assert receipt.subtotal_cents == sum(i.quantity * i.unit_cents for i in receipt.items)
+        assert receipt.total_cents == receipt.subtotal_cents + receipt.tax_cents
+        labels = dict(receipt.payment)
+        if "CHANGE" in labels:
+            tendered = round(float(labels["CASH"]) * 100)
+            assert tendered - round(float(labels["CHANGE"]) * 100) == receipt.total_cents
+
+
+def _ink(image: Image.Image, receipt) -> np.ndarray:
+    """How much ink covers each pixel (0 paper .. 1 ink), whatever the paper and ink tones."""
+    green = np.asarray(image, dtype=np.float32)[..., 1]
+    paper = receipt.paper_rgb[1]
+    return (paper - green) / (paper - receipt.ink)
+
+
+def test_same_shop_receipts_share_the_template_but_differ_in_content():
+    receipts = [make_receipt(0, index) for index in range(2 * len(SHOPS))]
+    # Shops take turns, so receipt i and i + len(SHOPS) share a shop.
+    for first, second in zip(receipts, receipts[len(SHOPS):]):
+        assert first.shop is second.shop
+        assert (first.items, first.number, first.issued) != (second.items, second.number, second.issued)
+        header_a = _ink(render_receipt(first), first)[:60]
+        header_b = _ink(render_receipt(second), second)[:60]
+        assert np.abs(header_a - header_b).max() < 0.05  # the same logo and title, pixel for pixel
+        full_a, full_b = _ink(render_receipt(first), first), _ink(render_receipt(second), second)
+        assert full_a.shape != full_b.shape or np.abs(full_a - full_b).mean() > 0.01
+    headers = {r.shop.name: _ink(render_receipt(r), r)[:60] for r in receipts[: len(SHOPS)]}
+    names = sorted(headers)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            same_shape = headers[a].shape == headers[b].shape
+            assert not (same_shape and np.abs(headers[a] - headers[b]).max() < 0.05), (a, b)
+
+
+def test_rendered_receipts_grow_with_their_items():
+    shop_receipts = [make_receipt(0, index) for index in range(0, 80, len(SHOPS))]
+    heights = {len(r.items): render_receipt(r).height for r in shop_receipts}
+    counts = sorted(heights)
+    assert len(counts) >= 3
+    assert all(heights[a] < heights[b] for a, b in zip(counts, counts[1:]))
+
+
+# --- devices -----------------------------------------------------------------------------
+
+def _look(image: Image.Image) -> np.ndarray:
+    """Device-revealing statistics: colour cast, brightness, sharpness, surroundings."""
+    pixels = np.asarray(image, dtype=np.float32)
+    gray = pixels.mean(axis=2)
+    border = np.concatenate([gray[:6].ravel(), gray[-6:].ravel(), gray[:, :6].ravel(), gray[:, -6:].ravel()])
+    sharpness = np.abs(np.diff(gray, axis=0)).mean() + np.abs(np.diff(gray, axis=1)).mean()
+    red, green, blue = pixels.reshape(-1, 3).mean(axis=0)
+    return np.array([red - blue, green - (red + blue) / 2, gray.mean(), gray.std(), sharpness, border.mean()])
+
+
+def test_every_device_has_its_own_consistent_look(all_device_captures):
+    """Leave-one-out nearest centroid on a few statistics identifies the device every time."""
+    looks = {name: np.stack([_look(c) for c in captures]) for name, captures in all_device_captures.items()}
+    scale = np.concatenate(list(looks.values())).std(axis=0)
+    for name, rows in looks.items():
+        for i, row in enumerate(rows):
+            centroids = {
+                other: (np.delete(other_rows, i, axis=0) if other == name else other_rows).mean(axis=0)
+                for other, other_rows in looks.items()
+            }
+            nearest = min(centroids, key=lambda other: np.linalg.norm((row - centroids[other]) / scale))
+            assert nearest == name, f"capture {i} of {name} looks like {nearest}"
+
+
+def test_default_devices_differ_on_every_receipt(all_device_captures):
+    """Per receipt: phone_a warm, phone_b cool, scanner neutral and sharper than phone_a."""
+    for a, b, scan in zip(*(all_device_captures[n] for n in ("phone_a", "phone_b", "scanner"))):
+        warm_a, warm_b, warm_scan = _look(a)[0], _look(b)[0], _look(scan)[0]
+        assert warm_a > warm_scan + 10
+        assert warm_b < warm_scan - 10
+        assert abs(warm_scan) < 1
+        assert _look(scan)[4] > 1.5 * _look(a)[4]
+
+
+def test_raw_pixels_cluster_by_device(all_device_captures):
+    """The shortcut audit-shortcuts must catch: a raw-pixel neighbour is from the same device."""
+    items = [(name, i, c) for name, captures in all_device_captures.items() for i, c in enumerate(captures)]
+    vectors = np.stack([np.asarray(c.resize((12, 24), Image.Resampling.BOX), dtype=np.float32).ravel()
+                        for _, _, c in items])
+    distances = np.linalg.norm(vectors[:, None] - vectors[None], axis=2)
+    same_device = []
+    for k, (name, receipt, _) in enumerate(items):
+        others = [j for j, (_, r, _) in enumerate(items) if r != receipt]
+        nearest = min(others, key=lambda j: distances[k, j])
+        same_device.append(items[nearest][0] == name)
+    assert np.mean(same_device) >= 0.9
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.name)
+@pytest.mark.parametrize("aspect", [0.6, 2.0, 6.0])
+def test_framing_keeps_the_whole_paper_in_a_portrait_frame(device, aspect):
+    paper = Image.new("RGB", (400, round(400 * aspect)), "white")
+    for seed in range(20):
+        width, height, corners, _ = _frame(paper, device, np.random.default_rng(seed))
+        assert width == device.width
+        assert 1.25 * width <= height <= 3 * width + 1
+        assert (corners >= 0).all() and (corners[:, 0] <= width).all() and (corners[:, 1] <= height).all()
+        x, y = corners[:, 0], corners[:, 1]
+        area = 0.5 * abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1)))
+        assert area >= 0.15 * width * height
+
+
+def test_simulate_capture_accepts_any_scan_mode():
+    scan = render_receipt(make_receipt(0, 1))
+    for mode in ("L", "RGBA", "RGB"):
+        capture = simulate_capture(scan.convert(mode), DEVICES[1], seed=3)
+        assert capture.mode == "RGB" and capture.height > capture.width
+
+
+def test_select_devices_bounds():
+    assert [d.name for d in select_devices(2)] == [d.name for d in DEVICES[:2]]
+    assert len({d.name for d in DEVICES}) == len(DEVICES)
+    for bad in (0, len(DEVICES) + 1):
+        with pytest.raises(ValueError, match="devices"):
+            select_devices(bad)
+
+
+# --- scans -------------------------------------------------------------------------------
+
+def _write_scans(folder: Path) -> None:
+    folder.mkdir()
+    render_receipt(make_receipt(5, 0)).save(folder / "shop-a.png")
+    render_receipt(make_receipt(5, 1)).convert("L").save(folder / "shop-b.JPG")
+    render_receipt(make_receipt(5, 2)).transpose(Image.Transpose.ROTATE_90).save(folder / "wide.webp")
+    (folder / "notes.txt").write_text("not a scan")
+
+
+def test_capture_scans_writes_the_same_manifest_format(tmp_path):
+    _write_scans(tmp_path / "scans")
+    scans = find_scans(tmp_path / "scans")
+    assert [p.name for p in scans] == ["shop-a.png", "shop-b.JPG", "wide.webp"]
+    manifest = capture_scans(scans, tmp_path / "out", devices=2, seed=1)
+    columns, rows = read_manifest(manifest)
+    assert columns == list(MANIFEST_COLUMNS)
+    assert sorted({row["receipt_id"] for row in rows}) == ["shop-a", "shop-b", "wide"]
+    assert len(rows) == 3 * 2 and all(row["merchant"] == "" for row in rows)
+    for row in rows:
+        with Image.open(manifest.parent / row["path"]) as image:
+            assert image.height > image.width
+
+
+def test_capture_scans_rejects_repeated_stems_and_unreadable_files(tmp_path):
+    render_receipt(make_receipt(0, 0)).save(tmp_path / "same.png")
+    render_receipt(make_receipt(0, 1)).save(tmp_path / "same.jpg")
+    with pytest.raises(ValueError, match="unique stems"):
+        capture_scans([tmp_path / "same.png", tmp_path / "same.jpg"], tmp_path / "out", devices=1)
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="broken.jpg"):
+        capture_scans([tmp_path / "broken.jpg"], tmp_path / "out", devices=1)
+    assert not (tmp_path / "out" / "manifest.csv").exists()
+
+
+# --- command line ------------------------------------------------------------------------
+
+def test_cli_writes_a_set_with_progress_and_summary(tmp_path):
+    result = CliRunner().invoke(main, ["make-samples", "--receipts", "2", "--devices", "2", "--seed", "3",
+                                       "--out", str(tmp_path / "set")])
+    assert result.exit_code == 0, result.output
+    assert "Wrote 4 captures (2 receipts x 2 devices: phone_a, phone_b)" in result.stdout
+    assert "100%" in result.stderr
+    _, rows = read_manifest(tmp_path / "set" / "manifest.csv")
+    assert len(rows) == 4
+
+
+def test_cli_quiet_and_from_scans(tmp_path):
+    _write_scans(tmp_path / "scans")
+    result = CliRunner().invoke(main, ["make-samples", "--from-scans", str(tmp_path / "scans"), "--devices", "1",
+                                       "--out", str(tmp_path / "set"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert "Wrote 3 captures (3 receipts x 1 devices: phone_a)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--devices", str(len(DEVICES) + 1)], "--devices"),
+        (["--devices", "0"], "--devices"),
+        (["--receipts", "0"], "--receipts"),
+        (["--seed", "-1"], "--seed"),
+        (["--from-scans", "EMPTY"], "no receipt images"),
+        (["--from-scans", "EMPTY", "--receipts", "5"], "cannot be combined"),
+    ],
+)
+def test_cli_rejects_bad_arguments_with_exit_code_2(tmp_path, arguments, message):
+    (tmp_path / "empty").mkdir()
+    arguments = [str(tmp_path / "empty") if a == "EMPTY" else a for a in arguments]
+    result = CliRunner().invoke(main, ["make-samples", "--out", str(tmp_path / "set"), *arguments])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "set" / "manifest.csv").exists()
+
+
+def test_cli_reports_unreadable_scans_as_usage_errors(tmp_path):
+    (tmp_path / "scans").mkdir()
+    (tmp_path / "scans" / "bad.png").write_bytes(b"\x89PNG but not really")
+    result = CliRunner().invoke(main, ["make-samples", "--from-scans", str(tmp_path / "scans"),
+                                       "--out", str(tmp_path / "set"), "--quiet"])
+    assert result.exit_code == 2
+    assert "bad.png" in result.output
+
+
+def test_cli_help_lists_the_options():
+    result = CliRunner().invoke(main, ["make-samples", "--help"])
+    assert result.exit_code == 0
+    for option in ("--receipts", "--devices", "--seed", "--out", "--from-scans", "--quiet"):
+        assert option in result.output
+
+
+def test_jpeg_bytes_decode_to_the_simulated_capture():
+    scan = render_receipt(make_receipt(0, 2))
+    data = capture_jpeg(scan, DEVICES[2], seed=9)
+    with Image.open(io.BytesIO(data)) as decoded:
+        assert np.array_equal(np.asarray(decoded.convert("RGB")), np.asarray(simulate_capture(scan, DEVICES[2], 9)))

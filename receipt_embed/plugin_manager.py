@@ -32,6 +32,7 @@ DEFAULT_PLUGINS_DIR = "plugins"
 BUILTIN_PLUGINS = (
     "receipt_embed.builtins.augmentations",
     "receipt_embed.builtins.encoders",
+    "receipt_embed.builtins.samplers",
 )
 
 

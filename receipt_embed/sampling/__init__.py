@@ -1,0 +1,1 @@
+"""Batch samplers: which captures of which identities form a batch."""

@@ -1,0 +1,123 @@
+"""Identity-aware batch samplers.
+
+A sampler yields batches as lists of capture indices, one per view, in the order the loss
+expects; the identity label of each view is its capture's label. Batches depend only on
+(seed, epoch), so a resumed run can skip to the step it stopped at and see the same data.
+
+- :class:`UniqueIdentitySampler`: B distinct identities, two views each, rows
+  ``[first views of B identities; second views]`` (the two-view NT-Xent layout). The two
+  views are two *different* captures whenever the identity has two or more, which is what
+  teaches device invariance; otherwise the same capture twice (two augmentations).
+- :class:`PKSampler`: P identities x K views, for multi-positive losses (``supcon``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterator, Sequence
+
+import numpy as np
+
+TAIL_POLICIES = ("fill", "drop")
+
+
+def _group(labels: Sequence[int]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = defaultdict(list)
+    for index, label in enumerate(labels):
+        groups[int(label)].append(index)
+    return dict(groups)
+
+
+class _IdentityBatches:
+    """Shared epoch logic: a permutation of identities cut into batches, tail handled."""
+
+    def __init__(self, labels: Sequence[int], batch_size: int, seed: int, tail: str = "fill"):
+        if tail not in TAIL_POLICIES:
+            raise ValueError(f"tail must be one of {', '.join(TAIL_POLICIES)}, got {tail!r}")
+        self.groups = _group(labels)
+        self.identities = sorted(self.groups)
+        if batch_size < 2:
+            raise ValueError(f"batch_size must be at least 2 identities, got {batch_size}")
+        if len(self.identities) < batch_size:
+            raise ValueError(
+                f"batch_size {batch_size} needs at least {batch_size} identities, the data has {len(self.identities)}"
+            )
+        self.batch_size, self.seed, self.tail = batch_size, seed, tail
+        self.epoch = 0
+        self.stats: dict[str, int] = {}
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.identities), self.batch_size)
+        return full + (1 if rest and self.tail == "fill" else 0)
+
+    def _rng(self) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.epoch])
+
+    def _identity_batches(self, rng: np.random.Generator) -> list[list[int]]:
+        order = [self.identities[i] for i in rng.permutation(len(self.identities))]
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        self.stats = {"tail_dropped": 0, "tail_filled": 0}
+        if len(batches[-1]) < self.batch_size:
+            short = batches[-1]
+            if self.tail == "drop":
+                self.stats["tail_dropped"] = len(short)
+                batches.pop()
+            else:
+                in_batch = set(short)
+                pool = [i for i in order[: len(order) - len(short)] if i not in in_batch]
+                fill = [pool[i] for i in rng.choice(len(pool), self.batch_size - len(short), replace=False)]
+                self.stats["tail_filled"] = len(fill)
+                batches[-1] = short + fill
+        return batches
+
+
+class UniqueIdentitySampler(_IdentityBatches):
+    """B distinct identities per batch, two views each: ``[first views; second views]``."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = self._rng()
+        batches = self._identity_batches(rng)
+        self.stats["same_capture_pairs"] = 0
+        for identities in batches:
+            first, second = [], []
+            for identity in identities:
+                captures = self.groups[identity]
+                if len(captures) >= 2:
+                    a, b = rng.choice(len(captures), 2, replace=False)
+                    first.append(captures[a])
+                    second.append(captures[b])
+                else:
+                    self.stats["same_capture_pairs"] += 1
+                    first.append(captures[0])
+                    second.append(captures[0])
+            yield first + second
+
+
+class PKSampler(_IdentityBatches):
+    """P identities x K views per batch; identities with fewer than K captures get extra
+    augmented views of their captures (counted in ``stats['extra_views']``)."""
+
+    def __init__(self, labels: Sequence[int], batch_size: int, seed: int, k: int = 4, tail: str = "fill"):
+        super().__init__(labels, batch_size, seed, tail)
+        if k < 2:
+            raise ValueError(f"k must be at least 2 views per identity, got {k}")
+        self.k = k
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = self._rng()
+        batches = self._identity_batches(rng)
+        self.stats["extra_views"] = 0
+        for identities in batches:
+            batch = []
+            for identity in identities:
+                captures = self.groups[identity]
+                if len(captures) >= self.k:
+                    batch.extend(captures[i] for i in rng.choice(len(captures), self.k, replace=False))
+                else:
+                    order = [captures[i] for i in rng.permutation(len(captures))]
+                    self.stats["extra_views"] += self.k - len(captures)
+                    batch.extend(order[i % len(order)] for i in range(self.k))
+            yield batch

@@ -52,6 +52,9 @@ class ModelConfig(_Section):
     pretrained: str | None
     pooling: Literal["gap", "grid"]
     grid: tuple[PositiveInt, PositiveInt]
+    head_hidden: PositiveInt
+    head_dim: PositiveInt
+    bn_momentum: float = Field(gt=0, le=1)
 
 
 class LossConfig(_Section):
@@ -60,26 +63,35 @@ class LossConfig(_Section):
     params: dict[str, Any]
 
 
-class ComponentConfig(_Section):
+class AugmentConfig(_Section):
+    preset: str
     params: dict[str, Any]
 
 
-class AugmentConfig(ComponentConfig):
-    preset: str
-
-
-class SamplerConfig(ComponentConfig):
+class SamplerConfig(_Section):
     name: str
+    params: dict[str, Any]
 
 
 class TrainConfig(_Section):
     epochs: PositiveInt
     batch_size: PositiveInt
     seed: int
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    warmup_epochs: float = Field(ge=0)
+    grad_clip: float = Field(ge=0)
+    precision: Literal["fp32", "bf16"]
+    num_workers: int = Field(ge=0)
+    deterministic: bool
+    cache_margin: float = Field(ge=1)
+    eval_batch_size: PositiveInt
+    bn_recalibrate: int = Field(ge=0)
+    select_on: Literal["backbone", "head"]
 
 
 class PluginsConfig(_Section):
-    dir: str
+    dir: str | None
     strict: bool
 
 
@@ -118,6 +130,8 @@ def _explain(error: dict) -> str:
         return f"unknown config key '{key}'{hint} (valid keys here: {valid})"
     if error["type"] == "missing":
         return f"missing config key '{key}'"
+    if error["type"] == "value_error":
+        return f"config key '{key}': {error['ctx']['error']}"
     return f"config key '{key}': {error['msg']} (got {error.get('input')!r})"
 
 
@@ -145,9 +159,13 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
             raise ConfigError(f"--set expects key.path=value, got {item!r}")
         try:
             layers.append(OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as exc:
-            raise ConfigError(f"cannot parse --set {item!r}: {exc}") from None
-    merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
+        except (OmegaConfBaseException, yaml.YAMLError) as exc:
+            first_line = str(exc).strip().splitlines()[0]
+            raise ConfigError(f"cannot parse --set {item!r}: {first_line}") from None
+    try:
+        merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot resolve the config: {str(exc).strip().splitlines()[0]}") from None
     try:
         return Config.model_validate(merged)
     except ValidationError as exc:

@@ -9,6 +9,7 @@ rejected. What cannot be decoded raises :class:`ImageRejected` with a short reas
 from __future__ import annotations
 
 import io
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 SUPPORTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "TIFF", "BMP"})
+_PIL_LIMIT_LOCK = threading.Lock()
 
 
 class ImageRejected(Exception):
@@ -62,7 +64,12 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            with _PIL_LIMIT_LOCK:  # Pillow's own bomb check reads a module global at open time
+                default_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, max_pixels
+                try:
+                    image = Image.open(io.BytesIO(data))
+                finally:
+                    Image.MAX_IMAGE_PIXELS = default_limit
             fmt = image.format or "unknown"
             if fmt not in SUPPORTED_FORMATS:
                 raise ImageRejected(
@@ -81,8 +88,12 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
             image = ImageOps.exif_transpose(image)
     except ImageRejected:
         raise
-    except Image.DecompressionBombError as exc:
-        raise ImageRejected("too_many_pixels", f"{name}: {exc}") from None
+    except Image.DecompressionBombError:
+        raise ImageRejected(
+            "too_many_pixels",
+            f"{name}: more than twice the limit of {max_pixels} pixels (possible decompression bomb; "
+            "raise ingest.max_pixels if it is genuine)",
+        ) from None
     except UnidentifiedImageError:
         raise ImageRejected("not_an_image", f"{name}: not a recognised image file") from None
     except (OSError, SyntaxError, ValueError) as exc:
@@ -103,3 +114,19 @@ def load_rgb(path: str | Path, max_pixels: int = 89_478_485) -> Image.Image:
     except IsADirectoryError:
         raise ImageRejected("not_a_file", f"{path}: is a directory") from None
     return decode_image(data, max_pixels, str(path)).image
+
+
+def load_resized(path: str | Path, size: tuple[int, int]) -> np.ndarray:
+    """Decode a capture straight to (height, width) RGB uint8.
+
+    JPEG's DCT scaling (Pillow draft mode) decodes at 1/2, 1/4 or 1/8 resolution when the
+    target is small, which is several times faster than a full decode followed by a resize.
+    """
+    height, width = size
+    path = Path(path)
+    with Image.open(path) as image:
+        side = max(height, width)
+        image.draft("RGB", (side, side))
+        image = _to_rgb(ImageOps.exif_transpose(image))
+        resized = image.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    return np.asarray(resized, dtype=np.uint8)

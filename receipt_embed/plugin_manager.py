@@ -32,6 +32,7 @@ DEFAULT_PLUGINS_DIR = "plugins"
 BUILTIN_PLUGINS = (
     "receipt_embed.builtins.augmentations",
     "receipt_embed.builtins.encoders",
+    "receipt_embed.builtins.losses",
     "receipt_embed.builtins.samplers",
 )
 
@@ -57,19 +58,25 @@ class PluginLoader:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.registry = Registry()
+        self.blocked_seen: set[str] = set()
         for name in disabled_plugins():
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self.registry.failures[name] = detail
-        message = f"plugin {name!r} failed to load and was skipped: {detail}"
         if self.strict:
-            raise PluginLoadError(message) from exc
-        warnings.warn(message, PluginLoadWarning, stacklevel=2)
+            raise PluginLoadError(f"plugin {name!r} failed to load (--strict-plugins): {detail}") from exc
+        warnings.warn(f"plugin {name!r} failed to load and was skipped: {detail}", PluginLoadWarning, stacklevel=2)
+
+    def _blocked(self, name: str) -> bool:
+        if self.pm.is_blocked(name):
+            self.blocked_seen.add(name)
+            return True
+        return False
 
     def _register(self, module, info: PluginInfo) -> None:
-        if self.pm.is_blocked(info.name):
+        if self._blocked(info.name):
             return
         try:
             self.pm.register(module, name=info.name)
@@ -87,13 +94,13 @@ class PluginLoader:
         for module_name in BUILTIN_PLUGINS:
             name = module_name.rsplit(".", 1)[-1]
             info = PluginInfo(f"builtin.{name}", "builtin", module_name, __version__)
-            if self.pm.is_blocked(info.name):
+            if self._blocked(info.name):
                 continue
             self._register(importlib.import_module(module_name), info)
 
     def load_entry_points(self) -> None:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if self.pm.is_blocked(ep.name):
+            if self._blocked(ep.name):
                 continue
             dist = getattr(ep, "dist", None)
             info = PluginInfo(
@@ -109,12 +116,15 @@ class PluginLoader:
                 continue
             self._register(module, info)
 
-    def load_folder(self, folder: Path) -> None:
+    def load_folder(self, folder: Path, required: bool = False) -> None:
+        """Load ``folder/*.py``; a missing folder is fine unless the user named it."""
         if not folder.is_dir():
+            if required:
+                warnings.warn(f"plugins folder {folder} does not exist; no folder plugins loaded", PluginLoadWarning, stacklevel=2)
             return
         for path in sorted(folder.glob("*.py")):
             name = path.stem
-            if name.startswith("_") or self.pm.is_blocked(name):
+            if name.startswith("_") or self._blocked(name):
                 continue
             module_name = f"receipt_embed_folder_plugins.{name}"
             try:
@@ -148,25 +158,40 @@ class PluginLoader:
                     self._fail(plugin, exc)
 
 
+    def warn_unknown_disabled(self) -> None:
+        """A name in RECEIPT_EMBED_DISABLE_PLUGINS that matched no plugin is probably a typo."""
+        seen = set(self.registry.plugins) | set(self.registry.failures) | self.blocked_seen
+        for name in sorted(disabled_plugins() - seen):
+            warnings.warn(f"{DISABLE_ENV} names {name!r}, which is not a plugin here", PluginLoadWarning, stacklevel=2)
+
+
 def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
     return Path(plugins_dir if plugins_dir is not None else DEFAULT_PLUGINS_DIR).resolve()
 
 
 @functools.lru_cache(maxsize=8)
-def _load(plugins_dir: Path, strict: bool, disabled: frozenset[str]) -> tuple[pluggy.PluginManager, Registry]:
+def _load(plugins_dir: Path, strict: bool, disabled: frozenset[str], dir_required: bool) -> tuple[pluggy.PluginManager, Registry]:
     loader = PluginLoader(strict=strict)
     loader.load_builtins()
     loader.load_entry_points()
-    loader.load_folder(plugins_dir)
+    loader.load_folder(plugins_dir, required=dir_required)
     loader.collect_components()
+    loader.warn_unknown_disabled()
     return loader.pm, loader.registry
+
+
+def _cached(plugins_dir, strict: bool):
+    return _load(resolve_plugins_dir(plugins_dir), strict, frozenset(disabled_plugins()), plugins_dir is not None)
 
 
 def get_plugin_manager(plugins_dir=None, strict: bool = False) -> pluggy.PluginManager:
     """The pluggy manager with every plugin loaded (cached per process)."""
-    return _load(resolve_plugins_dir(plugins_dir), strict, frozenset(disabled_plugins()))[0]
+    return _cached(plugins_dir, strict)[0]
 
 
 def get_registry(plugins_dir=None, strict: bool = False) -> Registry:
-    """The registry of components from every loaded plugin (cached per process)."""
-    return _load(resolve_plugins_dir(plugins_dir), strict, frozenset(disabled_plugins()))[1]
+    """The registry of components from every loaded plugin (cached per process).
+
+    ``plugins_dir`` None means ``./plugins`` if it exists; a folder given explicitly that
+    does not exist gets a warning."""
+    return _cached(plugins_dir, strict)[1]

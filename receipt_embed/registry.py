@@ -59,6 +59,8 @@ class Registry:
         if not callable(factory):
             raise ComponentError(f"plugin {plugin!r} registered {kind} {name!r} with a factory that is not callable")
         existing = self.components[kind].get(name)
+        if existing is not None and existing.plugin == plugin:
+            raise ComponentError(f"plugin {plugin!r} registers {kind} {name!r} twice")
         if existing is not None:
             raise ComponentError(
                 f"{kind} {name!r} is registered by two plugins: {existing.plugin!r} and {plugin!r}; "

@@ -25,3 +25,13 @@ def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProce
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def builtin_registry():
+    """Components of the built-in plugins only (no entry points, no plugins folder)."""
+    from receipt_embed.plugin_manager import PluginLoader
+
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.collect_components()
+    return loader.registry

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torchvision
 
-from receipt_embed.plugin_manager import get_registry
+from conftest import builtin_registry
 
-REGISTRY = get_registry("/nonexistent-plugins-dir")
+REGISTRY = builtin_registry()
 
 
 @pytest.mark.parametrize("name", REGISTRY.names("encoder"))

@@ -62,6 +62,8 @@ def test_resolved_config_round_trips(tmp_path):
         ("ingest.split_ratios=[0.5,0.5,0.5]", "must be three non-negative numbers summing to 1"),
         ("model.pooling=max", "config key 'model.pooling': Input should be 'gap' or 'grid'"),
         ("noequals", "--set expects key.path=value, got 'noequals'"),
+        ("model.grid=[4,2", "cannot parse --set 'model.grid=[4,2'"),
+        ("model.encoder=${nope}", "cannot resolve the config: Interpolation key 'nope' not found"),
     ],
 )
 def test_bad_config_names_the_key(override, message):
@@ -86,3 +88,7 @@ def test_cli_config_command(cli, tmp_path):
     bad = cli("config", "--set", "train.epoch=4")
     assert bad.returncode == 2
     assert "unknown config key 'train.epoch'; did you mean 'train.epochs'?" in bad.stderr
+    for key, kind in (("model.encoder", "encoder"), ("loss.name", "loss"), ("augment.preset", "augmentation"),
+                      ("sampler.name", "sampler")):
+        unknown = cli("config", "--set", f"{key}=bogus")
+        assert unknown.returncode == 2 and f"unknown {kind} 'bogus'. Available: " in unknown.stderr

@@ -129,7 +129,7 @@ def test_decompression_bomb_refused_from_header(tmp_path):
     (tmp_path / "bomb.png").write_bytes(_png_header_only(100_000, 100_000))
     result = ingest(_write_csv(tmp_path, ["bomb.png,r1,phone"]), tmp_path / "out", _settings())
     assert [(r["line"], r["reason"]) for r in result.rejected] == [(2, "too_many_pixels")]
-    assert "10000000000 pixels" in result.rejected[0]["detail"]
+    assert "more than twice the limit of 89478485 pixels" in result.rejected[0]["detail"]
 
 
 def test_absolute_paths_accepted_with_flag(bad_folder, tmp_path):
@@ -309,3 +309,27 @@ def test_cli_exit_codes(cli, bad_folder, tmp_path):
     assert ratios.returncode == 2 and "expected three ratios" in ratios.stderr
     sums = cli("ingest", bad_folder, "--out", tmp_path / "o5", "--split-ratios", "0.5,0.5,0.5")
     assert sums.returncode == 2 and "ingest.split_ratios" in sums.stderr and "summing to 1" in sums.stderr
+
+
+def test_case_mismatch_in_header_gets_a_hint(tmp_path):
+    (tmp_path / "m.csv").write_text("Path,Receipt_ID,device\na.jpg,r1,d\n")
+    with pytest.raises(ManifestError, match=r"case-sensitive: rename 'Path' -> 'path', 'Receipt_ID' -> 'receipt_id'"):
+        ingest(tmp_path / "m.csv", tmp_path / "out", _settings())
+
+
+def test_nothing_accepted_exits_1_with_warning(cli, tmp_path):
+    _write_csv(tmp_path, ["missing.jpg,r1,phone"])
+    result = cli("ingest", tmp_path / "manifest.csv", "--out", tmp_path / "out", "-q")
+    assert result.returncode == 1
+    assert "Warning: no capture was accepted" in result.stderr
+
+
+def test_max_pixels_above_pillow_default_is_honoured(tmp_path):
+    from receipt_embed.images import ImageRejected
+
+    bomb = _png_header_only(20_000, 20_000)  # 4e8 pixels: over Pillow's own 2 x 89e6 limit
+    with pytest.raises(ImageRejected, match="more than twice the limit of 89478485"):
+        decode_image(bomb, max_pixels=89_478_485)
+    with pytest.raises(ImageRejected) as info:
+        decode_image(bomb, max_pixels=500_000_000)
+    assert info.value.reason != "too_many_pixels"  # the limit was raised; the data is just short

@@ -149,7 +149,8 @@ def test_broken_plugin_warns_and_others_load(cli, tmp_path):
     _write(folder, "good.py", GOOD)
     result = _plugins_json(cli, tmp_path, plugins_dir=folder)
     assert result.returncode == 0, result.stderr
-    assert "plugin 'broken' failed to load and was skipped" in result.stderr
+    assert "Warning: plugin 'broken' failed to load and was skipped" in result.stderr
+    assert "plugin_manager.py" not in result.stderr  # a message, not a source location
     assert "not_a_real_module_xyz" in result.stderr
     info = json.loads(result.stdout)
     assert "good" in {p["name"] for p in info["plugins"]}
@@ -161,7 +162,7 @@ def test_broken_plugin_is_fatal_when_strict(cli, tmp_path):
     _write(folder, "broken.py", BROKEN)
     result = _plugins_json(cli, tmp_path, plugins_dir=folder, extra=["--strict-plugins"])
     assert result.returncode == 2
-    assert "plugin 'broken' failed to load" in result.stderr and "No module named 'not_a_real_module_xyz'" in result.stderr
+    assert "plugin 'broken' failed to load (--strict-plugins): ModuleNotFoundError: No module named 'not_a_real_module_xyz'" in result.stderr
 
 
 def test_plugin_whose_hook_raises_is_skipped_whole(tmp_path):
@@ -269,3 +270,34 @@ def test_folder_plugin_can_implement_every_register_hook(tmp_path):
     assert registry.create("sampler", "every_other", identities=[], batch_size=4, seed=0) == ("sampler", 4)
     assert {c.plugin for kind in registry.components.values() for c in kind.values() if c.name in
             {"l1_loss", "tiny_cnn", "flip", "every_other"}} == {"everything"}
+
+
+def test_plugin_registering_a_name_twice(tmp_path):
+    _write(tmp_path, "twice.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_encoders(register):
+            register("same", lambda **p: None)
+            register("same", lambda **p: None)
+    ''')
+    loader = PluginLoader()
+    loader.load_folder(tmp_path)
+    with pytest.raises(ComponentError, match="plugin 'twice' registers encoder 'same' twice"):
+        loader.collect_components()
+
+
+def test_misconfigured_discovery_is_reported(cli, tmp_path):
+    result = cli("--plugins-dir", tmp_path / "nope", "plugins", cwd=tmp_path,
+                 env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.encoders,typo_plugin"})
+    assert result.returncode == 0
+    assert f"Warning: plugins folder {tmp_path / 'nope'} does not exist" in result.stderr
+    assert "RECEIPT_EMBED_DISABLE_PLUGINS names 'typo_plugin', which is not a plugin here" in result.stderr
+    assert "builtin.encoders" not in result.stderr  # a real plugin name is not a typo
+    quiet = cli("plugins", cwd=tmp_path)  # the default ./plugins may be absent silently
+    assert "Warning" not in quiet.stderr
+
+
+def test_plugins_dir_from_config(cli, tmp_path):
+    _write(tmp_path / "elsewhere", "cfg_plugin.py", GOOD)
+    result = cli("plugins", "--json", "--set", f"plugins.dir={tmp_path / 'elsewhere'}", cwd=tmp_path)
+    assert "cfg_plugin" in {p["name"] for p in json.loads(result.stdout)["plugins"]}

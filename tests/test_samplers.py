@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from receipt_embed.plugin_manager import get_registry
+
+from conftest import builtin_registry
 from receipt_embed.sampling.samplers import PKSampler, UniqueIdentitySampler
 
 # 10 identities: 0-5 with 3 captures, 6-8 with 2, 9 with 1
@@ -75,7 +76,7 @@ def test_errors_are_clear():
 
 
 def test_registered_as_plugins():
-    registry = get_registry("/nonexistent-plugins-dir")
+    registry = builtin_registry()
     assert {"unique_identity", "pk"} <= set(registry.names("sampler"))
     sampler = registry.create("sampler", "pk", identities=LABELS, batch_size=2, seed=0, k=2)
     assert isinstance(sampler, PKSampler) and all(len(b) == 4 for b in sampler)

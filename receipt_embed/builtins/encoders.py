@@ -22,8 +22,16 @@ def build_torchvision_encoder(arch: str, **params):
     return TorchvisionEncoder(arch, **params)
 
 
+def build_receipt_cnn(**params):
+    from receipt_embed.models.receipt_cnn import ReceiptCNN
+
+    return ReceiptCNN(**params)
+
+
 @hookimpl
 def register_encoders(register):
+    register("receipt_cnn", build_receipt_cnn,
+             description="small plain CNN for page layout; fast to train from scratch on a CPU")
     for arch in BACKBONES:
         register(
             arch,

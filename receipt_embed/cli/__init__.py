@@ -7,6 +7,7 @@ Each subcommand lives in its own module and is imported only when it runs, so
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import click
 
@@ -19,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "receipt_embed.cli.make_samples:make_samples",
         "Render synthetic receipts captured by simulated devices.",
     ),
+    "train": ("receipt_embed.cli.train:train", "Train an encoder on a dataset dir (contrastive)."),
     "plugins": ("receipt_embed.cli.plugins:plugins", "List plugins and the components they provide."),
     "config": ("receipt_embed.cli.config:config", "Print the resolved configuration."),
     "demo": ("receipt_embed.cli.demo:demo", "Run the whole pipeline on the bundled data_samples/."),
@@ -44,6 +46,11 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings on the command line read as messages, not as source locations."""
+    click.echo(f"Warning: {message}", err=True)
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="receipt-embed")
 @click.option(
@@ -62,6 +69,7 @@ class LazyGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, plugins_dir: str | None, strict_plugins: bool) -> None:
     """Learn, index and audit image embeddings of photographed paper receipts."""
+    warnings.showwarning = _show_warning
     ctx.ensure_object(dict)
     ctx.obj["plugins_dir"] = plugins_dir
     ctx.obj["strict_plugins"] = strict_plugins

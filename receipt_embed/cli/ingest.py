@@ -37,7 +37,8 @@ def ingest(source, out_dir, split_ratios, seed, max_pixels, allow_absolute_paths
     manifest.csv or manifest.jsonl) and write OUT/manifest.jsonl and OUT/ingest_report.json.
 
     Rejected rows are listed with their line and reason in the report; identical files are
-    merged (same receipt) or flagged (different receipts); splits are by receipt."""
+    merged (same receipt) or flagged (different receipts); splits are by receipt. Exit code 1
+    when no capture was accepted, or with --strict when any row was rejected."""
     from receipt_embed.ingest import ManifestError
     from receipt_embed.ingest import ingest as run_ingest
 
@@ -59,5 +60,7 @@ def ingest(source, out_dir, split_ratios, seed, max_pixels, allow_absolute_paths
         click.echo(f"  rejected: {entry['detail']} [{entry['reason']}]", err=True)
     if len(result.rejected) > 10:
         click.echo(f"  ... {len(result.rejected) - 10} more in the report", err=True)
-    if strict and result.rejected:
+    for warning in result.warnings():
+        click.echo(f"Warning: {warning}", err=True)
+    if not result.rows or (strict and result.rejected):
         raise SystemExit(1)

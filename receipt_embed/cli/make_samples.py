@@ -25,7 +25,7 @@ from receipt_embed import samples
               help="Output folder: images/ and manifest.csv are written there.")
 @click.option("--from-scans", "scans_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Capture the receipt scans in this folder instead of rendering receipts.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
 def make_samples(ctx: click.Context, receipts: int, devices: int, seed: int, out_dir: Path,
                  scans_dir: Path | None, quiet: bool) -> None:
@@ -48,7 +48,7 @@ def make_samples(ctx: click.Context, receipts: int, devices: int, seed: int, out
         raise click.BadParameter(f"must be at least 1, got {receipts}.", param_hint="--receipts")
 
     started = time.perf_counter()
-    with tqdm(total=receipts * devices, unit="capture", file=sys.stderr, disable=quiet) as bar:
+    with tqdm(total=receipts * devices, unit="capture", file=sys.stderr, disable=quiet or not sys.stderr.isatty()) as bar:
         try:
             if scans_dir is not None:
                 manifest = samples.capture_scans(scans, out_dir, devices, seed, progress=bar.update)

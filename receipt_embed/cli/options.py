@@ -47,6 +47,20 @@ def resolve_config(config_file, overrides):
         raise InputError(str(exc)) from None
 
 
+def check_components(config, registry) -> None:
+    """Every component the config names exists (else exit 2 listing the available ones)."""
+    from receipt_embed.registry import ComponentError
+
+    for kind, name in (
+        ("encoder", config.model.encoder), ("loss", config.loss.name),
+        ("augmentation", config.augment.preset), ("sampler", config.sampler.name),
+    ):
+        try:
+            registry.get(kind, name)
+        except ComponentError as exc:
+            raise InputError(str(exc)) from None
+
+
 def load_registry(ctx: click.Context, config=None):
     """Discover plugins with the CLI's --plugins-dir/--strict-plugins (or the config's)."""
     from receipt_embed.plugin_manager import PluginLoadError, get_registry

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import click
 
-from receipt_embed.cli.options import load_registry
+from receipt_embed.cli.options import config_options, load_registry, resolve_config
 
 
 def describe(registry) -> dict:
@@ -29,10 +29,11 @@ def describe(registry) -> dict:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+@config_options
 @click.pass_context
-def plugins(ctx, as_json):
+def plugins(ctx, as_json, config_file, overrides):
     """List plugins (built-ins, entry points, plugins folder) and their components."""
-    info = describe(load_registry(ctx))
+    info = describe(load_registry(ctx, resolve_config(config_file, overrides)))
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return

@@ -35,6 +35,17 @@ class IngestResult:
     report: dict
     rejected: list[dict] = field(default_factory=list)
 
+    def warnings(self) -> list[str]:
+        """Outcomes that are legal but almost certainly not what the user wanted."""
+        found = []
+        if not self.rows:
+            found.append("no capture was accepted: the dataset dir is empty")
+        else:
+            for split, counts in self.report["per_split"].items():
+                if counts["identities"] == 0:
+                    found.append(f"the {split} split has no identities (too few receipts for the split ratios?)")
+        return found
+
     def summary(self) -> str:
         c = self.report["counts"]
         reasons = Counter(r["reason"] for r in self.rejected)
@@ -107,7 +118,7 @@ def _inspect(candidate: dict, max_pixels: int) -> dict:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return {"reason": "missing_file", "detail": f"line {candidate['line']}: file not found: {path}"}
+        return {"reason": "missing_file", "detail": f"line {candidate['line']}: file not found: {candidate['manifest_path']} ({path})"}
     except (IsADirectoryError, PermissionError) as exc:
         return {"reason": "not_a_file", "detail": f"line {candidate['line']}: cannot read {path} ({exc.strerror})"}
     try:
@@ -197,7 +208,12 @@ def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | Non
     columns = set().union(*(row.fields for row in rows)) if rows else set()
     absent = [c for c in REQUIRED_COLUMNS if c not in columns]
     if rows and absent:
-        raise ManifestError(f"{manifest_path}: required column(s) {', '.join(absent)} not found (columns: {', '.join(sorted(columns))})")
+        lowered = {c.lower(): c for c in columns}
+        hints = [f"{lowered[c]!r} -> {c!r}" for c in absent if c in lowered]
+        hint = f"; column names are case-sensitive: rename {', '.join(hints)}" if hints else ""
+        raise ManifestError(
+            f"{manifest_path}: required column(s) {', '.join(absent)} not found (columns: {', '.join(sorted(columns))}){hint}"
+        )
 
     rejected: list[dict] = []
     candidates = _validate_rows(rows, root, settings, rejected)

@@ -1,0 +1,64 @@
+"""``receipt-embed train``: contrastive training on a dataset dir."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
+
+
+def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, log) -> Path:
+    """A dataset dir to train on: the given one, or data_samples/ ingested into OUT/dataset."""
+    if data_dir is not None:
+        return Path(data_dir)
+    from receipt_embed.cli.demo import find_samples
+    from receipt_embed.ingest import ingest
+
+    samples = find_samples()
+    if samples is None:
+        raise InputError("no --data given and data_samples/ not found; run `receipt-embed ingest` first")
+    target = out_dir / "dataset"
+    log(f"no --data given: ingesting {samples} into {target}")
+    ingest(samples, target, config.ingest, progress=progress)
+    return target
+
+
+@click.command()
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Dataset dir from `ingest` [data_samples/, ingested on the fly].")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/train", show_default=True,
+              help="Run dir: config.yaml, metrics.jsonl, checkpoints/.")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from checkpoints/last.pt.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars; one log line per epoch.")
+@config_options
+@click.pass_context
+def train(ctx, data_dir, out_dir, resume, quiet, config_file, overrides):
+    """Train an encoder so that captures of one receipt embed close together.
+
+    SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130); --resume continues."""
+    from receipt_embed.registry import ComponentError
+    from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
+    from receipt_embed.training.trainer import train as run_training
+
+    config = resolve_config(config_file, overrides)
+    registry = load_registry(ctx, config)
+    check_components(config, registry)
+    progress = not quiet and sys.stderr.isatty()
+    log = lambda message: click.echo(message, err=True)  # noqa: E731
+    out = Path(out_dir)
+    try:
+        data = ensure_dataset(data_dir, out, config, progress, log)
+        result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log)
+    except (ComponentError, CheckpointError, FileNotFoundError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    except TrainingDiverged as exc:
+        raise click.ClickException(str(exc)) from None
+    except TrainingInterrupted as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(130) from None
+    best = f"best val recall@1 {result.best_recall_at_1:.3f} at epoch {result.best_epoch}" if result.best_epoch else "no val split"
+    click.echo(f"Trained {out}: {best}; checkpoints in {out / 'checkpoints'}")

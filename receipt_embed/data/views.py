@@ -1,0 +1,83 @@
+"""Augmented views for training and clean views for embedding.
+
+A view is identified by (capture index, view seed); the seed comes from (run seed, epoch,
+step, slot), so a view is the same whichever DataLoader worker makes it and whether or
+not the run was interrupted and resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from receipt_embed.data.cache import ImageCache
+
+# inputs are scaled to roughly zero mean, unit variance for paper-and-ink images
+PIXEL_MEAN, PIXEL_STD = 0.5, 0.25
+
+
+def view_seed(*parts: int) -> int:
+    """A 32-bit seed from integers, stable across processes and platforms."""
+    digest = hashlib.blake2b(np.asarray(parts, dtype=np.int64).tobytes(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+def to_tensor(image: np.ndarray, grayscale: bool) -> torch.Tensor:
+    """uint8 H x W x 3 -> float (C, H, W), normalised; grayscale by ITU-R 601 luma."""
+    pixels = torch.from_numpy(np.ascontiguousarray(image)).float().div_(255.0)
+    if grayscale:
+        pixels = (pixels @ torch.tensor([0.299, 0.587, 0.114])).unsqueeze(-1)
+    return pixels.permute(2, 0, 1).sub_(PIXEL_MEAN).div_(PIXEL_STD).contiguous()
+
+
+class ViewDataset(Dataset):
+    """``dataset[(capture_index, seed)]`` -> (augmented view as a tensor, identity label)."""
+
+    def __init__(self, cache: ImageCache, transform, grayscale: bool, labels: list[int]):
+        self.cache, self.transform, self.grayscale, self.labels = cache, transform, grayscale, labels
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, seed = key
+        self.transform.set_random_seed(seed)
+        return to_tensor(self.transform(image=self.cache[index])["image"], self.grayscale), self.labels[index]
+
+
+class SeededBatches:
+    """Wraps a sampler's batches of capture indices into batches of (index, view seed),
+    starting at ``start_step`` (to resume mid-epoch)."""
+
+    def __init__(self, sampler, seed: int):
+        self.sampler, self.seed = sampler, seed
+        self.epoch, self.start_step = 0, 0
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        self.epoch, self.start_step = epoch, start_step
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.start_step)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for step, batch in enumerate(self.sampler):
+            if step < self.start_step:
+                continue
+            yield [(int(index), view_seed(self.seed, self.epoch, step, slot)) for slot, index in enumerate(batch)]
+
+
+def clean_batches(images: np.ndarray, image_size: tuple[int, int], grayscale: bool, batch_size: int) -> Iterator[torch.Tensor]:
+    """Cached captures (N, H', W', 3) resized to the model input, without augmentation, in order."""
+    import cv2
+
+    height, width = image_size
+    for start in range(0, len(images), batch_size):
+        batch = images[start : start + batch_size]
+        yield torch.stack(
+            [to_tensor(cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA), grayscale) for image in batch]
+        )

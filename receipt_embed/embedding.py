@@ -1,0 +1,59 @@
+"""Embedding images with a trained checkpoint: the one path used by evaluation, index and
+search, so a capture embeds the same way everywhere.
+
+Images are decoded at the training cache size and resized to the model input exactly as
+the training loop's clean (unaugmented) views are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from receipt_embed.config import Config
+from receipt_embed.data.cache import ImageCache, cache_size
+from receipt_embed.data.views import clean_batches
+from receipt_embed.models.embedder import Embedder
+from receipt_embed.training.checkpoint import load_checkpoint
+
+FEATURES = ("backbone", "head")
+
+
+@dataclass
+class LoadedModel:
+    model: Embedder
+    config: Config
+    checkpoint: Path
+
+
+def load_model(checkpoint: str | Path, registry) -> LoadedModel:
+    """Rebuild the model a checkpoint was trained with (its own resolved config)."""
+    from receipt_embed.training.trainer import build_model
+
+    state = load_checkpoint(checkpoint)
+    config = Config.model_validate(state["config"])
+    model = build_model(config, registry)
+    model.load_state_dict(state["model"])
+    model.eval()
+    return LoadedModel(model, config, Path(checkpoint))
+
+
+@torch.no_grad()
+def embed_paths(loaded: LoadedModel, paths: list[str], features: str = "backbone", batch_size: int = 128,
+                progress: bool = False) -> np.ndarray:
+    """(N, D) float32 embeddings (not normalised) of the images at ``paths``."""
+    if features not in FEATURES:
+        raise ValueError(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
+    config = loaded.config
+    size = cache_size(tuple(config.data.image_size), config.train.cache_margin)
+    out = []
+    for start in range(0, len(paths), 1024):  # decode in slices to bound memory
+        cache = ImageCache(paths[start : start + 1024], size, progress=progress)
+        for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
+            backbone, head = loaded.model(images)
+            out.append((backbone if features == "backbone" else head).float().numpy())
+    dim = loaded.model.head.out_dim if features == "head" else loaded.model.encoder.feature_dim
+    return np.concatenate(out) if out else np.zeros((0, dim), np.float32)

@@ -1,0 +1,1 @@
+"""Retrieval figures and embedding diagnostics, shared by training and the audit."""

@@ -1,0 +1,70 @@
+"""Leave-one-out retrieval through FAISS: does each capture find its receipt's other captures?
+
+Every item with at least one other item of its identity is a query against all other
+items. recall@k: the share of queries with a same-identity item among their k nearest
+neighbours. mAP: mean over queries of average precision over the full ranking.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def l2_normalise(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+def knn(embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's k nearest *other* items by cosine similarity (exact FAISS search)."""
+    import faiss
+
+    x = l2_normalise(embeddings)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    k_search = min(k + 1, len(x))
+    sims, ids = index.search(x, k_search)
+    # drop the query itself wherever it appears (ties can move it off rank 0)
+    out_ids = np.full((len(x), k), -1, dtype=np.int64)
+    out_sims = np.full((len(x), k), -np.inf, dtype=np.float32)
+    for row in range(len(x)):
+        keep = ids[row] != row
+        kept_ids, kept_sims = ids[row][keep][:k], sims[row][keep][:k]
+        out_ids[row, : len(kept_ids)] = kept_ids
+        out_sims[row, : len(kept_sims)] = kept_sims
+    return out_sims, out_ids
+
+
+def retrieval_metrics(embeddings: np.ndarray, labels, ks=(1, 5, 10), with_map: bool = True) -> dict:
+    labels = np.asarray(labels)
+    counts = {label: n for label, n in zip(*np.unique(labels, return_counts=True))}
+    queries = np.array([counts[label] > 1 for label in labels])
+    result: dict = {"n_queries": int(queries.sum())}
+    if not queries.any():
+        return {**result, **{f"recall_at_{k}": None for k in ks}, **({"map": None} if with_map else {})}
+    k_max = min(max(ks), len(labels) - 1)
+    _, ids = knn(embeddings, k_max)
+    hits = (ids >= 0) & (labels[np.clip(ids, 0, None)] == labels[:, None])
+    for k in ks:
+        result[f"recall_at_{k}"] = float(hits[queries, :k].any(axis=1).mean())
+    if with_map:
+        result["map"] = mean_average_precision(embeddings, labels, queries)
+    return result
+
+
+def mean_average_precision(embeddings: np.ndarray, labels: np.ndarray, queries: np.ndarray, chunk: int = 1024) -> float:
+    """mAP over the full ranking of all other items, in chunks of queries."""
+    x = l2_normalise(embeddings)
+    query_ids = np.flatnonzero(queries)
+    total = 0.0
+    for start in range(0, len(query_ids), chunk):
+        rows = query_ids[start : start + chunk]
+        sims = x[rows] @ x.T
+        sims[np.arange(len(rows)), rows] = -np.inf
+        order = np.argsort(-sims, axis=1, kind="stable")[:, :-1]  # self ranks last
+        relevant = labels[order] == labels[rows][:, None]
+        ranks = np.arange(1, relevant.shape[1] + 1)
+        precision = np.cumsum(relevant, axis=1) / ranks
+        total += float(((precision * relevant).sum(axis=1) / relevant.sum(axis=1)).sum())
+    return total / len(query_ids)

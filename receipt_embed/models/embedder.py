@@ -1,0 +1,49 @@
+"""Encoder + projection head.
+
+The loss sees the head's output; indexing uses the encoder's features (before the head),
+which keep information the contrastive objective does not need but downstream use might.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ProjectionHead(nn.Module):
+    """Two-layer MLP (Linear-BN-ReLU-Linear), as in SimCLR."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(in_dim, hidden_dim, bias=False),
+            nn.BatchNorm1d(hidden_dim),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden_dim, out_dim),
+        )
+        self.out_dim = out_dim
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.layers(features)
+
+
+class Embedder(nn.Module):
+    """``forward(images)`` -> (features, projections)."""
+
+    def __init__(self, encoder: nn.Module, head_hidden: int, head_dim: int):
+        super().__init__()
+        if not hasattr(encoder, "feature_dim"):
+            raise TypeError(f"encoder {type(encoder).__name__} must expose feature_dim")
+        self.encoder = encoder
+        self.head = ProjectionHead(encoder.feature_dim, head_hidden, head_dim)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.encoder(images)
+        return features, self.head(features)
+
+
+def set_batchnorm_momentum(model: nn.Module, momentum: float) -> None:
+    """torchvision's mobilenets use 0.01, too slow to track statistics in short runs."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.momentum = momentum

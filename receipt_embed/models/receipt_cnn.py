@@ -1,0 +1,53 @@
+"""A small plain CNN for receipt images, trained from scratch on a CPU.
+
+ImageNet backbones spend their depth on textures and objects and train slowly from scratch
+on two cores; what identifies a receipt at 256 x 128 is its layout: where the text blocks,
+rules, totals and barcode sit. Five stride-2 stages of 3x3 convolutions (BatchNorm, ReLU)
+bring a portrait page down to a coarse grid whose cells are pooled and flattened, so the
+features keep *where* things are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class ReceiptCNN(nn.Module):
+    """Images (N, C, H, W) -> features (N, widths[-1] * rows * cols)."""
+
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        in_channels: int = 1,
+        pooling: str = "grid",
+        grid: tuple[int, int] = (4, 2),
+        widths: tuple[int, ...] = (32, 48, 64, 96, 128),
+    ):
+        super().__init__()
+        if pretrained not in (None, "", "none"):
+            from pathlib import Path
+
+            if not Path(pretrained).is_file():
+                raise FileNotFoundError(f"receipt_cnn has no published weights; pretrained must be a local file, got {pretrained!r}")
+        if pooling not in ("gap", "grid"):
+            raise ValueError(f"pooling must be 'gap' or 'grid', got {pooling!r}")
+        layers, cin = [], in_channels
+        for i, width in enumerate(widths):
+            layers.append(_conv(cin, width, 2))
+            if i > 0:  # a second convolution per stage once the resolution is affordable
+                layers.append(_conv(width, width, 1))
+            cin = width
+        self.trunk = nn.Sequential(*layers)
+        cells = (1, 1) if pooling == "gap" else tuple(grid)
+        self.pool = nn.AdaptiveAvgPool2d(cells)
+        self.feature_dim = cin * cells[0] * cells[1]
+        if pretrained not in (None, "", "none"):
+            self.load_state_dict(torch.load(pretrained, map_location="cpu", weights_only=True))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.pool(self.trunk(images)), 1)

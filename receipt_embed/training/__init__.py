@@ -1,0 +1,1 @@
+"""Contrastive training: the loop, checkpoints, and what is logged each epoch."""

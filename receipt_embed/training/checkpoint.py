@@ -1,0 +1,70 @@
+"""Checkpoints: written atomically, read with ``weights_only=True``, checked before use.
+
+A checkpoint holds everything needed to continue a run exactly: model (encoder and head),
+optimizer, scheduler, position (epoch and step), torch RNG state, loss state (e.g. the MoCo
+queue), the momentum encoder when used, partial epoch sums, and the resolved config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from receipt_embed.fileio import atomic_open
+
+FORMAT_VERSION = 1
+# config sections that define the model's shape; a mismatch makes a checkpoint unusable
+ARCHITECTURE_KEYS = (
+    ("model", "encoder"), ("model", "pooling"), ("model", "grid"), ("model", "head_hidden"),
+    ("model", "head_dim"), ("data", "image_size"), ("data", "grayscale"),
+)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt, or from another architecture or config."""
+
+
+def save_checkpoint(path: str | Path, state: dict) -> None:
+    buffer = io.BytesIO()
+    torch.save({"format_version": FORMAT_VERSION, **state}, buffer)
+    with atomic_open(path, "wb") as handle:
+        handle.write(buffer.getvalue())
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {exc}") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} is not a receipt-embed checkpoint (format version {FORMAT_VERSION})")
+    return state
+
+
+def architecture(config: dict) -> dict:
+    return {".".join(key): config[key[0]][key[1]] for key in ARCHITECTURE_KEYS}
+
+
+def check_compatible(state: dict, config: dict, path: str | Path) -> None:
+    """Refuse a checkpoint whose model shape differs from the config's, naming the keys."""
+    saved, wanted = architecture(state["config"]), architecture(config)
+    diffs = [f"{key}: checkpoint has {saved[key]!r}, config has {wanted[key]!r}" for key in saved if saved[key] != wanted[key]]
+    if diffs:
+        raise CheckpointError(f"{path} was trained with another architecture: " + "; ".join(diffs))
+
+
+def fingerprint(path: str | Path) -> str:
+    """sha256 of a checkpoint file, recorded by indexes built from it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,354 @@
+"""The training loop: identity-aware batches of augmented views -> encoder + head -> loss.
+
+One epoch = one pass of the sampler over the training identities. After each epoch the
+model is evaluated on the identity-disjoint val split (retrieval through FAISS plus
+collapse diagnostics), a line goes to ``metrics.jsonl``, ``checkpoints/last.pt`` is
+replaced atomically, and ``checkpoints/best.pt`` follows the best val recall@1 (never the
+loss). SIGINT/SIGTERM finish the current step, save ``last.pt`` and stop; ``resume``
+continues from it and reproduces the uninterrupted run (exactly, in deterministic mode).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from receipt_embed.config import Config, save_config
+from receipt_embed.data.cache import ImageCache, cache_size
+from receipt_embed.data.dataset_dir import Captures, load_dataset_dir, select_split
+from receipt_embed.data.views import SeededBatches, ViewDataset, clean_batches
+from receipt_embed.evaluation.diagnostics import embedding_diagnostics
+from receipt_embed.evaluation.retrieval import retrieval_metrics
+from receipt_embed.fileio import atomic_write_jsonl, read_jsonl
+from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
+from receipt_embed.training.checkpoint import CheckpointError, check_compatible, load_checkpoint, save_checkpoint
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+LAST, BEST = "checkpoints/last.pt", "checkpoints/best.pt"
+# config keys that may change when resuming (everything else must match the checkpoint)
+RESUMABLE_CHANGES = {"train.epochs", "train.num_workers", "plugins.dir", "plugins.strict"}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is left intact."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGINT or SIGTERM arrived; a checkpoint was saved to resume from."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    metrics: list[dict] = field(default_factory=list)
+    best_epoch: int | None = None
+    best_recall_at_1: float | None = None
+
+
+def build_model(config: Config, registry) -> Embedder:
+    """Encoder plugin + projection head, as the config describes them."""
+    encoder = registry.create(
+        "encoder",
+        config.model.encoder,
+        pretrained=config.model.pretrained,
+        in_channels=1 if config.data.grayscale else 3,
+        pooling=config.model.pooling,
+        grid=tuple(config.model.grid),
+    )
+    model = Embedder(encoder, config.model.head_hidden, config.model.head_dim)
+    set_batchnorm_momentum(model, config.model.bn_momentum)
+    return model
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and value and key != "params":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _check_resume_config(saved: dict, current: dict, path: Path) -> None:
+    a, b = _flatten(saved), _flatten(current)
+    diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES]
+    if diffs:
+        details = "; ".join(f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in diffs)
+        raise CheckpointError(f"cannot resume from {path}: the config differs ({details})")
+
+
+def _scheduler(optimizer, steps_per_epoch: int, config: Config):
+    total = max(1, steps_per_epoch * config.train.epochs)
+    warmup = min(total - 1, round(config.train.warmup_epochs * steps_per_epoch))
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total - warmup))
+    if warmup <= 0:
+        return cosine
+    linear = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1e-2, total_iters=warmup)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, [linear, cosine], milestones=[warmup])
+
+
+@contextmanager
+def _stop_on_signals():
+    """Turn SIGINT/SIGTERM into a flag checked between steps."""
+    received: list[str] = []
+    handlers = {}
+
+    def handler(signum, frame):
+        received.append(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            handlers[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    try:
+        yield received
+    finally:
+        for sig, previous in handlers.items():
+            signal.signal(sig, previous)
+
+
+@torch.no_grad()
+def embed_cache(model: Embedder, cache: ImageCache, config: Config) -> tuple[np.ndarray, np.ndarray]:
+    """(backbone features, head projections) of clean (unaugmented) cached captures."""
+    model.eval()
+    features, projections = [], []
+    for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, config.train.eval_batch_size):
+        f, p = model(images)
+        features.append(f.float().numpy())
+        projections.append(p.float().numpy())
+    return np.concatenate(features), np.concatenate(projections)
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: Embedder, cache: ImageCache, config: Config, count: int) -> None:
+    """Recompute BatchNorm running statistics on clean training captures (a cumulative
+    average), so evaluation does not use statistics of augmented views lagging behind."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms or count <= 0:
+        return
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    for images in clean_batches(cache.images[:count], tuple(config.data.image_size), config.data.grayscale, config.train.eval_batch_size):
+        if len(images) > 1:
+            model(images)
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
+
+
+def evaluate(model: Embedder, val: Captures, val_cache: ImageCache, config: Config) -> dict:
+    features, projections = embed_cache(model, val_cache, config)
+    labels = np.asarray(val.labels)
+    result = {}
+    for name, x in (("backbone", features), ("head", projections)):
+        recall = retrieval_metrics(x, labels, ks=(1, 5), with_map=False)
+        result[name] = {"recall_at_1": recall["recall_at_1"], "recall_at_5": recall["recall_at_5"]}
+    result["diagnostics"] = {name: embedding_diagnostics(x, labels) for name, x in (("backbone", features), ("head", projections))}
+    return result
+
+
+class Trainer:
+    """Holds the pieces of one run; :meth:`run` trains to the configured epoch count."""
+
+    def __init__(self, config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print):
+        self.config, self.registry, self.progress, self.log = config, registry, progress, log
+        self.run_dir = Path(run_dir)
+        self.config_dict = config.model_dump(mode="json")
+        last = self.run_dir / LAST
+        self.state = None
+        if resume:
+            self.state = load_checkpoint(last)
+            _check_resume_config(self.state["config"], self.config_dict, last)
+        elif last.exists():
+            raise CheckpointError(f"{self.run_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
+
+        train_cfg = config.train
+        torch.manual_seed(train_cfg.seed)
+        if train_cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+
+        rows = load_dataset_dir(data_dir)
+        self.train_set = select_split(rows, "train")
+        self.val_set = select_split(rows, "val")
+        if len(self.train_set.identities) < 2:
+            raise ValueError(f"{data_dir} has {len(self.train_set.identities)} training identities; at least 2 are needed")
+        size = cache_size(tuple(config.data.image_size), train_cfg.cache_margin)
+        self.train_cache = ImageCache(self.train_set.paths, size, progress=progress)
+        self.val_cache = ImageCache(self.val_set.paths, size, progress=progress)
+
+        self.model = build_model(config, registry)
+        self.loss_fn = registry.create("loss", config.loss.name, temperature=config.loss.temperature, **config.loss.params)
+        batch_size = min(train_cfg.batch_size, len(self.train_set.identities))
+        if batch_size < train_cfg.batch_size:
+            log(f"train.batch_size {train_cfg.batch_size} > {len(self.train_set.identities)} training identities; using {batch_size}")
+        self.sampler = registry.create(
+            "sampler", config.sampler.name, identities=self.train_set.labels, batch_size=batch_size,
+            seed=train_cfg.seed, **config.sampler.params,
+        )
+        self.batches = SeededBatches(self.sampler, train_cfg.seed)
+        transform = registry.create("augmentation", config.augment.preset, image_size=tuple(config.data.image_size), **config.augment.params)
+        self.dataset = ViewDataset(self.train_cache, transform, config.data.grayscale, self.train_set.labels)
+        params = list(self.model.parameters()) + list(self.loss_fn.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+        self.steps_per_epoch = len(self.sampler)
+        self.scheduler = _scheduler(self.optimizer, self.steps_per_epoch, config)
+
+        self.epoch, self.step = 0, 0
+        self.sums = {"loss": 0.0, "steps": 0, "views": 0, "seconds": 0.0}
+        self.best = None
+        if self.state is not None:
+            self._restore(self.state)
+
+    def _restore(self, state: dict) -> None:
+        check_compatible(state, self.config_dict, self.run_dir / LAST)
+        self.model.load_state_dict(state["model"])
+        self.loss_fn.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.step = state["epoch"], state["step"]
+        self.sums = dict(state["sums"])
+        self.best = state["best"]
+        torch.set_rng_state(state["torch_rng"])
+        # metrics of epochs after the checkpoint were never confirmed: drop them
+        metrics = self.run_dir / METRICS_FILE
+        if metrics.exists():
+            atomic_write_jsonl(metrics, [m for m in read_jsonl(metrics) if m["epoch"] <= self.epoch])
+        self.log(f"resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
+
+    def _state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "loss": self.loss_fn.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "sums": dict(self.sums),
+            "best": self.best,
+            "torch_rng": torch.get_rng_state(),
+            "config": self.config_dict,
+        }
+
+    def _make_loader(self) -> DataLoader:
+        """One loader for the run; persistent workers avoid a fork per epoch on small sets."""
+        workers = self.config.train.num_workers
+        return DataLoader(self.dataset, batch_sampler=self.batches, num_workers=workers,
+                          persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+
+    def _train_step(self, views: torch.Tensor, labels: torch.Tensor) -> float:
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.config.train.precision == "bf16" else nullcontext()
+        self.model.train()
+        with autocast:
+            _, projections = self.model(views)
+        loss = self.loss_fn(projections.float(), labels)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"loss became {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1} "
+                f"(loss {self.config.loss.name}, temperature {self.config.loss.temperature}); "
+                f"the last good checkpoint is {self.run_dir / LAST}. Try a higher temperature or a lower train.lr."
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.train.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss.item()
+
+    def run(self) -> TrainResult:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.config, self.run_dir / CONFIG_FILE)
+        result = TrainResult(self.run_dir)
+        epochs = self.config.train.epochs
+        loader = self._make_loader()
+        with _stop_on_signals() as received:
+            while self.epoch < epochs:
+                self.batches.set_epoch(self.epoch, self.step)
+                bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}/{epochs}",
+                           unit="step", disable=not self.progress, leave=False)
+                started = time.perf_counter()
+                for views, labels in loader:
+                    loss = self._train_step(views, labels)
+                    self.step += 1
+                    self.sums["loss"] += loss
+                    self.sums["steps"] += 1
+                    self.sums["views"] += len(views)
+                    elapsed = self.sums["seconds"] + time.perf_counter() - started
+                    bar.set_postfix(loss=f"{loss:.4f}", views_s=f"{self.sums['views'] / max(elapsed, 1e-9):.0f}")
+                    bar.update()
+                    if received:
+                        self.sums["seconds"] = elapsed
+                        save_checkpoint(self.run_dir / LAST, self._state())
+                        bar.close()
+                        raise TrainingInterrupted(
+                            f"{received[0]} received: saved {self.run_dir / LAST} at epoch {self.epoch + 1}, "
+                            f"step {self.step}; continue with --resume"
+                        )
+                bar.close()
+                self.sums["seconds"] += time.perf_counter() - started
+                line = self._end_epoch()
+                result.metrics.append(line)
+                self.log(self._describe(line))
+        result.best_epoch = self.best["epoch"] if self.best else None
+        result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
+        return result
+
+    def _end_epoch(self) -> dict:
+        sums = self.sums
+        line = {
+            "epoch": self.epoch + 1,
+            "steps": sums["steps"],
+            "loss": sums["loss"] / max(sums["steps"], 1),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "views_per_s": sums["views"] / max(sums["seconds"], 1e-9),
+            "train_seconds": sums["seconds"],
+            "sampler": dict(getattr(self.sampler, "stats", {})),
+        }
+        loss_stats = getattr(self.loss_fn, "last_stats", None)
+        if loss_stats:
+            line["loss_stats"] = {k: (v.item() if torch.is_tensor(v) else v) for k, v in loss_stats.items()}
+        if len(self.val_set):
+            recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
+            line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)
+        with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+        self.epoch += 1
+        self.step = 0
+        self.sums = {"loss": 0.0, "steps": 0, "views": 0, "seconds": 0.0}
+        selected = line.get("val", {}).get(self.config.train.select_on, {}).get("recall_at_1")
+        improved = selected is not None and (self.best is None or selected > self.best["recall_at_1"])
+        if improved:
+            self.best = {"epoch": line["epoch"], "recall_at_1": selected}
+        state = self._state()
+        save_checkpoint(self.run_dir / LAST, state)
+        if improved or (not len(self.val_set) and self.epoch == self.config.train.epochs):
+            save_checkpoint(self.run_dir / BEST, state)
+        return line
+
+    def _describe(self, line: dict) -> str:
+        text = f"epoch {line['epoch']}: loss {line['loss']:.4f}, {line['views_per_s']:.0f} views/s"
+        if "val" in line:
+            v = line["val"]
+            text += (f", val recall@1 backbone {v['backbone']['recall_at_1']:.3f} / head {v['head']['recall_at_1']:.3f}"
+                     f", eff. rank {v['diagnostics']['head']['effective_rank']:.1f}")
+        return text
+
+
+def train(config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print) -> TrainResult:
+    """Train (or resume) a run; see :class:`Trainer`."""
+    return Trainer(config, data_dir, run_dir, registry, resume=resume, progress=progress, log=log).run()
+

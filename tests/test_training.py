@@ -1,0 +1,185 @@
+"""Training runs on the bundled samples at a tiny input size: outputs, resume, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import builtin_registry
+from receipt_embed.config import load_config
+from receipt_embed.ingest import ingest
+from receipt_embed.plugin_manager import PluginLoader
+from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
+from receipt_embed.training.trainer import TrainingDiverged, train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["data.image_size=[64,32]", "train.batch_size=8", "train.eval_batch_size=64", "train.bn_recalibrate=32",
+        "model.head_hidden=64", "model.head_dim=32", "train.num_workers=0"]
+TIMING_KEYS = {"views_per_s", "train_seconds"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ds")
+    ingest(REPO / "data_samples", out, load_config().ingest)
+    return out
+
+
+def _metrics(run: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k not in TIMING_KEYS} for line in lines]
+
+
+def test_run_dir_contents(dataset, tmp_path):
+    config = load_config(overrides=[*TINY, "train.epochs=2"])
+    result = train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
+    run = tmp_path / "run"
+    assert load_config(run / "config.yaml") == config
+    lines = _metrics(run)
+    assert [line["epoch"] for line in lines] == [1, 2]
+    line = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["steps"] == 6 and line["views_per_s"] > 0 and line["lr"] > 0
+    assert line["sampler"] == {"tail_dropped": 0, "tail_filled": 0, "same_capture_pairs": 0}
+    for features in ("backbone", "head"):
+        assert 0.0 <= line["val"][features]["recall_at_1"] <= line["val"][features]["recall_at_5"] <= 1.0
+        diag = line["val"]["diagnostics"][features]
+        assert {"alignment", "uniformity", "effective_rank", "min_dim_std", "mean_dim_std", "similarity"} <= set(diag)
+        assert set(diag["similarity"]) == {"positive", "negative"}
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
+    best = load_checkpoint(run / "checkpoints" / "best.pt")
+    assert last["epoch"] == 2 and best["epoch"] == result.best_epoch
+    assert {"model", "optimizer", "scheduler", "loss", "torch_rng", "config", "sums", "step"} <= set(last)
+
+    # the embedding path used by index/search reproduces the val figures of the best epoch
+    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
+    from receipt_embed.embedding import embed_paths, load_model
+    from receipt_embed.evaluation.retrieval import retrieval_metrics
+
+    loaded = load_model(run / "checkpoints" / "best.pt", builtin_registry())
+    val = select_split(load_dataset_dir(dataset), "val")
+    best_line = lines[result.best_epoch - 1]["val"]
+    for features in ("backbone", "head"):
+        x = embed_paths(loaded, val.paths, features=features, batch_size=7)
+        assert x.shape == (len(val), loaded.model.encoder.feature_dim if features == "backbone" else 32)
+        recall = retrieval_metrics(x, val.labels, ks=(1, 5), with_map=False)
+        assert recall["recall_at_1"] == best_line[features]["recall_at_1"]
+        assert recall["recall_at_5"] == best_line[features]["recall_at_5"]
+
+
+def _train_cmd(dataset, run, *extra):
+    sets = [item for key in [*TINY, "train.deterministic=true", *extra] for item in ("--set", key)]
+    return [sys.executable, "-m", "receipt_embed", "train", "--data", str(dataset), "--out", str(run), "-q", *sets]
+
+
+def _env():
+    return {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+
+
+def test_resume_after_sigkill_reproduces_straight_run(dataset, tmp_path):
+    straight = tmp_path / "straight"
+    subprocess.run(_train_cmd(dataset, straight, "train.epochs=4"), check=True, env=_env(), capture_output=True)
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_train_cmd(dataset, killed, "train.epochs=4"), env=_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert len(metrics.read_text().splitlines()) < 4, "the run finished before it could be killed"
+    resumed = subprocess.run(_train_cmd(dataset, killed, "train.epochs=4") + ["--resume"], env=_env(),
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    assert _metrics(killed) == _metrics(straight)
+    a = load_checkpoint(killed / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(straight / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigterm_saves_and_resume_finishes_identically(dataset, tmp_path):
+    straight = tmp_path / "straight"
+    subprocess.run(_train_cmd(dataset, straight, "train.epochs=2"), check=True, env=_env(), capture_output=True)
+    run = tmp_path / "run"
+    process = subprocess.Popen(_train_cmd(dataset, run, "train.epochs=2"), env=_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (run / "config.yaml").exists():
+        time.sleep(0.05)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 130, stderr
+    assert "SIGTERM received: saved" in stderr and "Traceback" not in stderr
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert (state["epoch"], state["step"]) < (2, 0)
+    resumed = subprocess.run(_train_cmd(dataset, run, "train.epochs=2") + ["--resume"], env=_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _metrics(run) == _metrics(straight)
+
+
+NAN_PLUGIN = '''
+import torch
+from receipt_embed.hookspecs import hookimpl
+
+class NanAfter(torch.nn.Module):
+    def __init__(self, temperature, after=7):
+        super().__init__()
+        self.calls, self.after = 0, after
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        value = embeddings.pow(2).mean()
+        return value * float("nan") if self.calls > self.after else value
+
+@hookimpl
+def register_losses(register):
+    register("nan_after", NanAfter)
+'''
+
+
+def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins")
+    loader.collect_components()
+    config = load_config(overrides=[*TINY, "train.epochs=3", "loss.name=nan_after", "loss.temperature=0.07"])
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at epoch 2, step 2 \(loss nan_after, temperature 0.07\)"):
+        train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=lambda m: None)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert state["epoch"] == 1 and state["step"] == 0
+
+
+def test_checkpoint_errors(dataset, tmp_path):
+    registry = builtin_registry()
+    config = load_config(overrides=[*TINY, "train.epochs=1"])
+    train(config, dataset, tmp_path / "run", registry, progress=False, log=lambda m: None)
+    with pytest.raises(CheckpointError, match="already holds a run"):
+        train(config, dataset, tmp_path / "run", registry, progress=False, log=lambda m: None)
+    other = load_config(overrides=[*TINY, "train.epochs=2", "model.head_dim=16"])
+    with pytest.raises(CheckpointError, match=r"config differs \(model.head_dim: checkpoint 32, now 16\)"):
+        train(other, dataset, tmp_path / "run", registry, resume=True, progress=False, log=lambda m: None)
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(last)
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_cli_train_errors(cli, dataset, tmp_path):
+    result = cli("train", "--data", dataset, "--out", tmp_path / "r", "--set", "loss.name=ntxnet")
+    assert result.returncode == 2
+    assert "unknown loss 'ntxnet'" in result.stderr and "Did you mean 'ntxent'?" in result.stderr

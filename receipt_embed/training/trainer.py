@@ -287,6 +287,9 @@ class Trainer:
                     self.sums["loss"] += loss
                     self.sums["steps"] += 1
                     self.sums["views"] += len(views)
+                    stats = getattr(self.loss_fn, "last_stats", None)
+                    if stats:  # kept in the checkpoint so a resumed epoch reports it too
+                        self.sums["loss_stats"] = {k: (v.item() if torch.is_tensor(v) else v) for k, v in stats.items()}
                     elapsed = self.sums["seconds"] + time.perf_counter() - started
                     bar.set_postfix(loss=f"{loss:.4f}", views_s=f"{self.sums['views'] / max(elapsed, 1e-9):.0f}")
                     bar.update()
@@ -303,6 +306,10 @@ class Trainer:
                 line = self._end_epoch()
                 result.metrics.append(line)
                 self.log(self._describe(line))
+                if received and self.epoch < epochs:  # arrived during evaluation: last.pt is saved
+                    raise TrainingInterrupted(
+                        f"{received[0]} received: saved {self.run_dir / LAST} after epoch {self.epoch}; continue with --resume"
+                    )
         result.best_epoch = self.best["epoch"] if self.best else None
         result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
         return result
@@ -318,9 +325,8 @@ class Trainer:
             "train_seconds": sums["seconds"],
             "sampler": dict(getattr(self.sampler, "stats", {})),
         }
-        loss_stats = getattr(self.loss_fn, "last_stats", None)
-        if loss_stats:
-            line["loss_stats"] = {k: (v.item() if torch.is_tensor(v) else v) for k, v in loss_stats.items()}
+        if "loss_stats" in sums:
+            line["loss_stats"] = sums["loss_stats"]
         if len(self.val_set):
             recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
             line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)

@@ -88,6 +88,7 @@ class TrainConfig(_Section):
     eval_batch_size: PositiveInt
     bn_recalibrate: int = Field(ge=0)
     select_on: Literal["backbone", "head"]
+    momentum: float = Field(ge=0, le=1)
 
 
 class PluginsConfig(_Section):

@@ -32,3 +32,11 @@ def test_readme_states_the_two_commands_ci_runs():
     ci = (REPO / ".ci" / "run").read_text()
     assert 'pip install -e ".[dev]" && receipt-embed demo' in README
     assert "python -m pytest -q" in README and "python -m pytest -q" in ci
+
+
+def test_readme_python_api_example_runs():
+    match = re.search(r"## Losses and the Python API\n\n```python\n(.*?)```", README, re.S)
+    assert match, "the README's Python API example is missing"
+    namespace: dict = {}
+    exec(match.group(1), namespace)
+    assert namespace["loss"].ndim == 0 and namespace["views"].grad is not None

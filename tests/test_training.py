@@ -183,3 +183,13 @@ def test_cli_train_errors(cli, dataset, tmp_path):
     result = cli("train", "--data", dataset, "--out", tmp_path / "r", "--set", "loss.name=ntxnet")
     assert result.returncode == 2
     assert "unknown loss 'ntxnet'" in result.stderr and "Did you mean 'ntxent'?" in result.stderr
+
+
+def test_moco_keeps_momentum_encoder_and_queue_in_checkpoint(dataset, tmp_path):
+    config = load_config(overrides=[*TINY, "train.epochs=1", "loss.name=moco", "loss.temperature=0.2",
+                                    "loss.params={queue_size: 64, dim: 32}", "train.momentum=0.9"])
+    train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert int(state["loss"]["queue_count"]) == 64  # 6 steps x 8 keys, plus the random start
+    assert set(state["momentum_model"]) == set(state["model"])
+    assert not torch.equal(state["momentum_model"]["head.layers.3.weight"], state["model"]["head.layers.3.weight"])

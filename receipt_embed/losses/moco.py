@@ -81,6 +81,9 @@ class MoCoLoss(ContrastiveLoss):
         ...     loss = moco(q, ids, keys=k)
     """
 
+    # the trainer keeps a momentum copy of the model and passes its keys (see train.momentum)
+    wants_momentum_keys = True
+
     def __init__(
         self,
         temperature: float = 0.2,

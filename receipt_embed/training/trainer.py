@@ -202,6 +202,11 @@ class Trainer:
         self.batches = SeededBatches(self.sampler, train_cfg.seed)
         transform = registry.create("augmentation", config.augment.preset, image_size=tuple(config.data.image_size), **config.augment.params)
         self.dataset = ViewDataset(self.train_cache, transform, config.data.grayscale, self.train_set.labels)
+        self.key_model = None
+        if getattr(self.loss_fn, "wants_momentum_keys", False):
+            from receipt_embed.losses.moco import make_momentum_encoder
+
+            self.key_model = make_momentum_encoder(self.model)
         params = list(self.model.parameters()) + list(self.loss_fn.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
         self.steps_per_epoch = len(self.sampler)
@@ -216,6 +221,8 @@ class Trainer:
     def _restore(self, state: dict) -> None:
         check_compatible(state, self.config_dict, self.run_dir / LAST)
         self.model.load_state_dict(state["model"])
+        if self.key_model is not None:
+            self.key_model.load_state_dict(state["momentum_model"])
         self.loss_fn.load_state_dict(state["loss"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -232,6 +239,7 @@ class Trainer:
     def _state(self) -> dict:
         return {
             "model": self.model.state_dict(),
+            **({"momentum_model": self.key_model.state_dict()} if self.key_model is not None else {}),
             "loss": self.loss_fn.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -254,7 +262,10 @@ class Trainer:
         self.model.train()
         with autocast:
             _, projections = self.model(views)
-        loss = self.loss_fn(projections.float(), labels)
+        if self.key_model is None:
+            loss = self.loss_fn(projections.float(), labels)
+        else:
+            loss = self.loss_fn(projections.float(), labels, keys=self._momentum_keys(views, labels))
         if not torch.isfinite(loss):
             raise TrainingDiverged(
                 f"loss became {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1} "
@@ -268,6 +279,19 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         return loss.item()
+
+    @torch.no_grad()
+    def _momentum_keys(self, views: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Keys from the momentum encoder: row i's key is the *other* view of its receipt."""
+        from receipt_embed.losses.moco import momentum_update
+
+        half = len(views) // 2
+        if len(views) % 2 or not torch.equal(labels, labels.roll(half)):
+            raise ValueError(f"loss {self.config.loss.name!r} needs two-view batches; use sampler unique_identity")
+        momentum_update(self.model, self.key_model, self.config.train.momentum)
+        self.key_model.train()
+        _, keys = self.key_model(views)
+        return keys.float().roll(half, dims=0)
 
     def run(self) -> TrainResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)

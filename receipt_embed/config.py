@@ -55,6 +55,7 @@ class ModelConfig(_Section):
     head_hidden: PositiveInt
     head_dim: PositiveInt
     bn_momentum: float = Field(gt=0, le=1)
+    input_norm: Literal["fixed", "per_image"]
 
 
 class LossConfig(_Section):
@@ -108,6 +109,7 @@ class Config(_Section):
 
 
 DEFAULT_CONFIG = files("receipt_embed") / "configs" / "default.yaml"
+DEMO_CONFIG = files("receipt_embed") / "configs" / "demo.yaml"
 
 
 def _schema_fields(model: type[BaseModel], path: Sequence[str]) -> list[str]:
@@ -150,11 +152,13 @@ def _load_yaml(path: Path) -> dict:
     return data
 
 
-def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Merge defaults, an optional user file and ``key.path=value`` overrides; validate."""
+def load_config(config_file: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Merge defaults, optional user file(s) (later ones win) and ``key.path=value``
+    overrides; validate."""
     layers = [OmegaConf.create(_load_yaml(Path(str(DEFAULT_CONFIG))))]
-    if config_file is not None:
-        layers.append(OmegaConf.create(_load_yaml(Path(config_file))))
+    files = [] if config_file is None else [config_file] if isinstance(config_file, (str, Path)) else list(config_file)
+    for path in files:
+        layers.append(OmegaConf.create(_load_yaml(Path(path))))
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise ConfigError(f"--set expects key.path=value, got {item!r}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -20,9 +22,25 @@ def test_ingest_data_samples(cli, tmp_path):
     assert {row["merchant"] for row in rows} and all(Path(row["path"]).is_file() for row in rows)
 
 
-def test_demo_runs_and_names_missing_steps(cli, tmp_path):
-    result = cli("demo", "--out", tmp_path / "demo", "-q", cwd=REPO)
+def test_demo_pipeline_wiring(cli, tmp_path):
+    """The demo's steps with two epochs: outputs in place, figures reported, missing steps named."""
+    result = cli("demo", "--out", tmp_path / "demo", "-q", "--set", "train.epochs=2", cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "demo" / "dataset" / "manifest.jsonl").is_file()
-    assert "accepted 180" in result.stdout
-    assert "train: not built yet" in result.stdout
+    out = tmp_path / "demo"
+    assert (out / "dataset" / "manifest.jsonl").is_file()
+    assert (out / "run" / "checkpoints" / "best.pt").is_file() and (out / "run" / "metrics.jsonl").is_file()
+    figures = json.loads((out / "heldout_retrieval.json").read_text())
+    assert figures["backbone"]["n_queries"] == 18 and 0 <= figures["backbone"]["recall_at_1"] <= 1
+    assert "accepted 180" in result.stdout and "held-out (18 captures) backbone features: recall@1" in result.stdout
+    assert "index: not built yet" in result.stdout
+    again = cli("demo", "--out", out, "-q", cwd=REPO)
+    assert again.returncode == 2 and "already holds a demo run" in again.stderr
+
+
+@pytest.mark.slow
+def test_full_demo_learns(cli, tmp_path):
+    """The README's demo as a newcomer runs it: held-out recall@1 of at least 0.9."""
+    result = cli("demo", "--out", tmp_path / "demo", "-q", cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "demo" / "heldout_retrieval.json").read_text())
+    assert figures["backbone"]["recall_at_1"] >= 0.9, figures

@@ -27,17 +27,29 @@ class ProjectionHead(nn.Module):
         return self.layers(features)
 
 
+def standardize_per_image(images: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """Zero mean, unit variance per image: exposure and contrast of a device cancel out."""
+    mean = images.mean(dim=(1, 2, 3), keepdim=True)
+    std = images.std(dim=(1, 2, 3), keepdim=True)
+    return (images - mean) / (std + eps)
+
+
 class Embedder(nn.Module):
     """``forward(images)`` -> (features, projections)."""
 
-    def __init__(self, encoder: nn.Module, head_hidden: int, head_dim: int):
+    def __init__(self, encoder: nn.Module, head_hidden: int, head_dim: int, input_norm: str = "fixed"):
         super().__init__()
         if not hasattr(encoder, "feature_dim"):
             raise TypeError(f"encoder {type(encoder).__name__} must expose feature_dim")
+        if input_norm not in ("fixed", "per_image"):
+            raise ValueError(f"input_norm must be 'fixed' or 'per_image', got {input_norm!r}")
         self.encoder = encoder
         self.head = ProjectionHead(encoder.feature_dim, head_hidden, head_dim)
+        self.input_norm = input_norm
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.input_norm == "per_image":
+            images = standardize_per_image(images)
         features = self.encoder(images)
         return features, self.head(features)
 

@@ -21,7 +21,7 @@ FORMAT_VERSION = 1
 # config sections that define the model's shape; a mismatch makes a checkpoint unusable
 ARCHITECTURE_KEYS = (
     ("model", "encoder"), ("model", "pooling"), ("model", "grid"), ("model", "head_hidden"),
-    ("model", "head_dim"), ("data", "image_size"), ("data", "grayscale"),
+    ("model", "head_dim"), ("model", "input_norm"), ("data", "image_size"), ("data", "grayscale"),
 )
 
 

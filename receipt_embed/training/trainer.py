@@ -65,7 +65,7 @@ def build_model(config: Config, registry) -> Embedder:
         pooling=config.model.pooling,
         grid=tuple(config.model.grid),
     )
-    model = Embedder(encoder, config.model.head_hidden, config.model.head_dim)
+    model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
     set_batchnorm_momentum(model, config.model.bn_momentum)
     return model
 
@@ -360,7 +360,8 @@ class Trainer:
         self.step = 0
         self.sums = {"loss": 0.0, "steps": 0, "views": 0, "seconds": 0.0}
         selected = line.get("val", {}).get(self.config.train.select_on, {}).get("recall_at_1")
-        improved = selected is not None and (self.best is None or selected > self.best["recall_at_1"])
+        # ties go to the later epoch: as good on val, and trained longer at a lower learning rate
+        improved = selected is not None and (self.best is None or selected >= self.best["recall_at_1"])
         if improved:
             self.best = {"epoch": line["epoch"], "recall_at_1": selected}
         state = self._state()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,38 +61,30 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
     if not data:
         raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with _PIL_LIMIT_LOCK:  # Pillow's own bomb check reads a module global at open time
-                default_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, max_pixels
-                try:
-                    image = Image.open(io.BytesIO(data))
-                finally:
-                    Image.MAX_IMAGE_PIXELS = default_limit
-            fmt = image.format or "unknown"
-            if fmt not in SUPPORTED_FORMATS:
-                raise ImageRejected(
-                    "unsupported_format",
-                    f"{name}: unsupported image format {fmt} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})",
-                )
-            width, height = image.size
-            if width * height > max_pixels:
-                raise ImageRejected(
-                    "too_many_pixels",
-                    f"{name}: {width}x{height} = {width * height} pixels exceeds the limit of {max_pixels} "
-                    "(possible decompression bomb; raise ingest.max_pixels if it is genuine)",
-                )
-            source_mode = image.mode
-            image.load()
-            image = ImageOps.exif_transpose(image)
+        with _PIL_LIMIT_LOCK:  # Pillow's own bomb check reads a module global at open time
+            default_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            try:  # open() reads the header only; the pixel count is checked below, before decoding
+                image = Image.open(io.BytesIO(data))
+            finally:
+                Image.MAX_IMAGE_PIXELS = default_limit
+        fmt = image.format or "unknown"
+        if fmt not in SUPPORTED_FORMATS:
+            raise ImageRejected(
+                "unsupported_format",
+                f"{name}: unsupported image format {fmt} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})",
+            )
+        width, height = image.size
+        if width * height > max_pixels:
+            raise ImageRejected(
+                "too_many_pixels",
+                f"{name}: {width}x{height} = {width * height} pixels exceeds the limit of {max_pixels} "
+                "(possible decompression bomb; raise ingest.max_pixels if it is genuine)",
+            )
+        source_mode = image.mode
+        image.load()
+        image = ImageOps.exif_transpose(image)
     except ImageRejected:
         raise
-    except Image.DecompressionBombError:
-        raise ImageRejected(
-            "too_many_pixels",
-            f"{name}: more than twice the limit of {max_pixels} pixels (possible decompression bomb; "
-            "raise ingest.max_pixels if it is genuine)",
-        ) from None
     except UnidentifiedImageError:
         raise ImageRejected("not_an_image", f"{name}: not a recognised image file") from None
     except (OSError, SyntaxError, ValueError) as exc:

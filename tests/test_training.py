@@ -85,20 +85,20 @@ def _env():
 
 def test_resume_after_sigkill_reproduces_straight_run(dataset, tmp_path):
     straight = tmp_path / "straight"
-    subprocess.run(_train_cmd(dataset, straight, "train.epochs=4"), check=True, env=_env(), capture_output=True)
+    subprocess.run(_train_cmd(dataset, straight, "train.epochs=6"), check=True, env=_env(), capture_output=True)
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_train_cmd(dataset, killed, "train.epochs=4"), env=_env(),
+    process = subprocess.Popen(_train_cmd(dataset, killed, "train.epochs=6"), env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = killed / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
             break
-        time.sleep(0.05)
+        time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert len(metrics.read_text().splitlines()) < 4, "the run finished before it could be killed"
-    resumed = subprocess.run(_train_cmd(dataset, killed, "train.epochs=4") + ["--resume"], env=_env(),
+    assert len(metrics.read_text().splitlines()) < 6, "the run finished before it could be killed"
+    resumed = subprocess.run(_train_cmd(dataset, killed, "train.epochs=6") + ["--resume"], env=_env(),
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
@@ -110,21 +110,21 @@ def test_resume_after_sigkill_reproduces_straight_run(dataset, tmp_path):
 
 def test_sigterm_saves_and_resume_finishes_identically(dataset, tmp_path):
     straight = tmp_path / "straight"
-    subprocess.run(_train_cmd(dataset, straight, "train.epochs=2"), check=True, env=_env(), capture_output=True)
+    subprocess.run(_train_cmd(dataset, straight, "train.epochs=8"), check=True, env=_env(), capture_output=True)
     run = tmp_path / "run"
-    process = subprocess.Popen(_train_cmd(dataset, run, "train.epochs=2"), env=_env(),
+    process = subprocess.Popen(_train_cmd(dataset, run, "train.epochs=8"), env=_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
     deadline = time.time() + 240
-    while time.time() < deadline and not (run / "config.yaml").exists():
-        time.sleep(0.05)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGTERM)
+    while time.time() < deadline and process.poll() is None and not (metrics.exists() and metrics.read_text()):
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)  # during epoch 2 (or its evaluation)
     _, stderr = process.communicate(timeout=240)
     assert process.returncode == 130, stderr
     assert "SIGTERM received: saved" in stderr and "Traceback" not in stderr
     state = load_checkpoint(run / "checkpoints" / "last.pt")
-    assert (state["epoch"], state["step"]) < (2, 0)
-    resumed = subprocess.run(_train_cmd(dataset, run, "train.epochs=2") + ["--resume"], env=_env(), capture_output=True, text=True)
+    assert (state["epoch"], state["step"]) < (8, 0)
+    resumed = subprocess.run(_train_cmd(dataset, run, "train.epochs=8") + ["--resume"], env=_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(run) == _metrics(straight)
 

@@ -193,3 +193,28 @@ def test_moco_keeps_momentum_encoder_and_queue_in_checkpoint(dataset, tmp_path):
     assert int(state["loss"]["queue_count"]) == 64  # 6 steps x 8 keys, plus the random start
     assert set(state["momentum_model"]) == set(state["model"])
     assert not torch.equal(state["momentum_model"]["head.layers.3.weight"], state["model"]["head.layers.3.weight"])
+
+
+def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
+    sets = [item for key in [*TINY, "train.epochs=1"] for item in ("--set", key)]
+    result = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets,
+                 "--sweep", "loss.temperature=0.1,0.3")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [run["value"] for run in summary["runs"]] == ["0.1", "0.3"]
+    for run in summary["runs"]:
+        line = json.loads(Path(run["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
+        assert run["best_recall_at_1"] == line["val"]["head"]["recall_at_1"]
+        assert load_config(Path(run["run_dir"]) / "config.yaml").loss.temperature == float(run["value"])
+    assert summary["best"]["best_recall_at_1"] == max(r["best_recall_at_1"] for r in summary["runs"])
+    assert "<- selected" in result.stdout and "losses at different values are not compared" in result.stdout
+    bad = cli("train", "--data", dataset, "--out", tmp_path / "bad", "--sweep", "loss.temperature=0.1")
+    assert bad.returncode == 2 and "--sweep expects key=value1,value2" in bad.stderr
+
+
+def test_bf16_autocast_trains_with_float32_weights(dataset, tmp_path):
+    config = load_config(overrides=[*TINY, "train.epochs=1", "train.precision=bf16"])
+    result = train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
+    assert result.metrics[0]["loss"] == result.metrics[0]["loss"]  # finite, not NaN
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert all(t.dtype == torch.float32 for k, t in state["model"].items() if t.is_floating_point())

@@ -32,13 +32,16 @@ def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, 
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/train", show_default=True,
               help="Run dir: config.yaml, metrics.jsonl, checkpoints/.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from checkpoints/last.pt.")
+@click.option("--sweep", default=None, metavar="KEY=V1,V2,...",
+              help="Train once per value (e.g. loss.temperature=0.05,0.1,0.2) into OUT/KEY=V; pick by val recall@1.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars; one log line per epoch.")
 @config_options
 @click.pass_context
-def train(ctx, data_dir, out_dir, resume, quiet, config_file, overrides):
+def train(ctx, data_dir, out_dir, resume, sweep, quiet, config_file, overrides):
     """Train an encoder so that captures of one receipt embed close together.
 
     SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130); --resume continues."""
+    from receipt_embed.config import ConfigError
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
     from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
@@ -52,8 +55,17 @@ def train(ctx, data_dir, out_dir, resume, quiet, config_file, overrides):
     out = Path(out_dir)
     try:
         data = ensure_dataset(data_dir, out, config, progress, log)
+        if sweep is not None:
+            if resume:
+                raise InputError("--resume cannot be combined with --sweep")
+            from receipt_embed.training.sweep import format_sweep, run_sweep
+
+            summary = run_sweep(sweep, config_file, overrides, data, out, registry, progress=progress, log=log)
+            click.echo(format_sweep(summary))
+            click.echo(f"Wrote {out / 'sweep.json'}; losses at different values are not compared")
+            return
         result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log)
-    except (ComponentError, CheckpointError, FileNotFoundError, ValueError) as exc:
+    except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as exc:
         raise InputError(str(exc)) from None
     except TrainingDiverged as exc:
         raise click.ClickException(str(exc)) from None

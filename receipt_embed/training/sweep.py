@@ -1,0 +1,52 @@
+"""Sweeps: train once per value of one config key and pick by val retrieval.
+
+Losses at different temperatures are on different scales and never compared; each run's
+best val recall@1 (of ``train.select_on`` features) decides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from receipt_embed.config import ConfigError, load_config
+from receipt_embed.fileio import atomic_write_json
+from receipt_embed.training.trainer import train
+
+SWEEP_FILE = "sweep.json"
+
+
+def parse_sweep(spec: str) -> tuple[str, list[str]]:
+    """``loss.temperature=0.05,0.1,0.2`` -> (key, values)."""
+    key, _, raw = spec.partition("=")
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not key.strip() or len(values) < 2:
+        raise ConfigError(f"--sweep expects key=value1,value2[,...], got {spec!r}")
+    return key.strip(), values
+
+
+def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, progress=True, log=print) -> dict:
+    key, values = parse_sweep(spec)
+    configs = [load_config(config_file, [*overrides, f"{key}={value}"]) for value in values]  # validate all first
+    out_dir = Path(out_dir)
+    runs = []
+    for value, config in zip(values, configs):
+        run_dir = out_dir / f"{key}={value}"
+        log(f"sweep {key}={value} -> {run_dir}")
+        result = train(config, data_dir, run_dir, registry, progress=progress, log=log)
+        runs.append({"value": value, "run_dir": str(run_dir), "best_recall_at_1": result.best_recall_at_1,
+                     "best_epoch": result.best_epoch, "checkpoint": str(run_dir / "checkpoints" / "best.pt")})
+    scored = [run for run in runs if run["best_recall_at_1"] is not None]
+    best = max(scored, key=lambda run: run["best_recall_at_1"]) if scored else None
+    summary = {"key": key, "select_on": configs[0].train.select_on, "metric": "val recall_at_1",
+               "runs": runs, "best": best}
+    atomic_write_json(out_dir / SWEEP_FILE, summary)
+    return summary
+
+
+def format_sweep(summary: dict) -> str:
+    rows = [f"{summary['key']:<20} val recall@1 ({summary['select_on']})  best epoch  run"]
+    for run in summary["runs"]:
+        mark = "  <- selected" if summary["best"] == run else ""
+        recall = "-" if run["best_recall_at_1"] is None else f"{run['best_recall_at_1']:.3f}"
+        rows.append(f"{run['value']:<20} {recall:<25} {str(run['best_epoch']):<11} {run['run_dir']}{mark}")
+    return "\n".join(rows)

@@ -84,3 +84,24 @@ def test_collapse_is_visible():
     labels = np.repeat(np.arange(25), 2)
     assert embedding_diagnostics(collapsed, labels)["effective_rank"] < 1.5
     assert embedding_diagnostics(spread, labels)["effective_rank"] > 10
+
+
+def test_attribute_lift_against_brute_force():
+    from receipt_embed.evaluation.shortcuts import attribute_lift
+
+    rng = np.random.default_rng(3)
+    labels = np.repeat(np.arange(20), 3)
+    devices = np.tile(np.arange(3), 20)
+    for alpha, expect_high in ((0.0, False), (3.0, True)):
+        x = rng.normal(size=(20, 16))[labels] * 0.5 + alpha * np.eye(16)[devices] + rng.normal(size=(60, 16)) * 0.3
+        result = attribute_lift(x, labels, devices, k=5)
+        u = x / np.linalg.norm(x, axis=1, keepdims=True)
+        agree, base = [], []
+        for i in range(60):
+            others = [j for j in np.argsort(-(u @ u[i]), kind="stable") if labels[j] != labels[i]][:5]
+            agree.append(np.mean(devices[others] == devices[i]))
+            pool = [j for j in range(60) if labels[j] != labels[i]]
+            base.append(np.mean(devices[pool] == devices[i]))
+        assert result["knn_agreement"] == pytest.approx(np.mean(agree))
+        assert result["base_rate"] == pytest.approx(np.mean(base))
+        assert (result["lift"] > 2.0) == expect_high

@@ -36,7 +36,3 @@ class ImageCache:
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.images[index]
-
-    @property
-    def nbytes(self) -> int:
-        return self.images.nbytes

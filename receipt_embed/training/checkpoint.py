@@ -7,7 +7,6 @@ queue), the momentum encoder when used, partial epoch sums, and the resolved con
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 import zipfile
@@ -60,11 +59,3 @@ def check_compatible(state: dict, config: dict, path: str | Path) -> None:
     if diffs:
         raise CheckpointError(f"{path} was trained with another architecture: " + "; ".join(diffs))
 
-
-def fingerprint(path: str | Path) -> str:
-    """sha256 of a checkpoint file, recorded by indexes built from it."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -333,3 +333,12 @@ def test_max_pixels_above_pillow_default_is_honoured(tmp_path):
     with pytest.raises(ImageRejected) as info:
         decode_image(bomb, max_pixels=500_000_000)
     assert info.value.reason != "too_many_pixels"  # the limit was raised; the data is just short
+
+
+def test_unclosed_quote_and_bad_encoding_name_the_line(tmp_path):
+    (tmp_path / "q.csv").write_text('path,receipt_id,device\na.jpg,r1,phone\n"b.jpg,r2,phone\nc.jpg,r3,phone\n')
+    with pytest.raises(ManifestError, match=r"q.csv, line 3: malformed CSV"):
+        ingest(tmp_path / "q.csv", tmp_path / "out", _settings())
+    (tmp_path / "e.csv").write_bytes(b"path,receipt_id,device\na.jpg,r1,phone\nb\xff.jpg,r2,phone\n")
+    with pytest.raises(ManifestError, match=r"e.csv, line 3: not UTF-8 text"):
+        ingest(tmp_path / "e.csv", tmp_path / "out", _settings())

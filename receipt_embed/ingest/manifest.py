@@ -39,10 +39,21 @@ def find_manifest(source: str | Path) -> Path:
     return source
 
 
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> ManifestError:
+    """Name the first line that is not UTF-8 (decoding runs ahead in blocks, so find it)."""
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return ManifestError(f"{path}, line {number}: not UTF-8 text ({exc.reason})")
+    return ManifestError(f"{path}: not UTF-8 text ({exc.reason})")
+
+
 def _read_csv(path: Path) -> list[ManifestRow]:
     rows = []
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle, strict=True)
+        start = 1  # the line where the row being read begins
         try:
             header = next(reader, None)
             if not header or not any(cell.strip() for cell in header):
@@ -64,9 +75,9 @@ def _read_csv(path: Path) -> list[ManifestRow]:
                 rows.append(ManifestRow(start, {k: v.strip() for k, v in zip(header, cells)}))
                 start = reader.line_num + 1
         except csv.Error as exc:
-            raise ManifestError(f"{path}, line {reader.line_num}: malformed CSV ({exc})") from None
+            raise ManifestError(f"{path}, line {start}: malformed CSV ({exc})") from None
         except UnicodeDecodeError as exc:
-            raise ManifestError(f"{path}: not UTF-8 text ({exc.reason})") from None
+            raise _not_utf8(path, exc) from None
     return rows
 
 
@@ -75,7 +86,7 @@ def _read_jsonl(path: Path) -> list[ManifestRow]:
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
-        raise ManifestError(f"{path}: not UTF-8 text ({exc.reason})") from None
+        raise _not_utf8(path, exc) from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

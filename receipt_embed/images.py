@@ -95,18 +95,6 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
     return DecodedImage(_to_rgb(image), fmt, source_mode)
 
 
-def load_rgb(path: str | Path, max_pixels: int = 89_478_485) -> Image.Image:
-    """Read and decode one capture as 8-bit RGB with orientation applied."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ImageRejected("missing_file", f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise ImageRejected("not_a_file", f"{path}: is a directory") from None
-    return decode_image(data, max_pixels, str(path)).image
-
-
 def load_resized(path: str | Path, size: tuple[int, int]) -> np.ndarray:
     """Decode a capture straight to (height, width) RGB uint8.
 

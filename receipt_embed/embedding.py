@@ -7,11 +7,13 @@ the training loop's clean (unaugmented) views are.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from receipt_embed.config import Config
 from receipt_embed.data.cache import ImageCache, cache_size
@@ -50,10 +52,12 @@ def embed_paths(loaded: LoadedModel, paths: list[str], features: str = "backbone
     config = loaded.config
     size = cache_size(tuple(config.data.image_size), config.train.cache_margin)
     out = []
-    for start in range(0, len(paths), 1024):  # decode in slices to bound memory
-        cache = ImageCache(paths[start : start + 1024], size, progress=progress)
-        for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
-            backbone, head = loaded.model(images)
-            out.append((backbone if features == "backbone" else head).float().numpy())
+    with tqdm(total=len(paths), desc="embedding", unit="img", disable=not progress, file=sys.stderr) as bar:
+        for start in range(0, len(paths), 1024):  # decode in slices to bound memory
+            cache = ImageCache(paths[start : start + 1024], size)
+            for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
+                backbone, head = loaded.model(images)
+                out.append((backbone if features == "backbone" else head).float().numpy())
+                bar.update(len(images))
     dim = loaded.model.head.out_dim if features == "head" else loaded.model.encoder.feature_dim
     return np.concatenate(out) if out else np.zeros((0, dim), np.float32)

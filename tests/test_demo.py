@@ -32,7 +32,9 @@ def test_demo_pipeline_wiring(cli, tmp_path):
     figures = json.loads((out / "heldout_retrieval.json").read_text())
     assert figures["backbone"]["n_queries"] == 18 and 0 <= figures["backbone"]["recall_at_1"] <= 1
     assert "accepted 180" in result.stdout and "held-out (18 captures) backbone features: recall@1" in result.stdout
-    assert "index: not built yet" in result.stdout
+    index = json.loads((out / "index" / "index.json").read_text())
+    assert (index["count"], index["features"], index["source"]["split"]) == (18, "head", "heldout")
+    assert "receipt-embed search" in result.stdout and "audit-shortcuts: not built yet" in result.stdout
     again = cli("demo", "--out", out, "-q", cwd=REPO)
     assert again.returncode == 2 and "already holds a demo run" in again.stderr
 

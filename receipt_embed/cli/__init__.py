@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plugins": ("receipt_embed.cli.plugins:plugins", "List plugins and the components they provide."),
     "config": ("receipt_embed.cli.config:config", "Print the resolved configuration."),
     "demo": ("receipt_embed.cli.demo:demo", "Run the whole pipeline on the bundled data_samples/."),
+    "index": ("receipt_embed.cli.index:index", "Embed captures into a FAISS index dir."),
+    "search": ("receipt_embed.cli.search:search", "Find a receipt's other captures, or all near-duplicate pairs."),
 }
 
 

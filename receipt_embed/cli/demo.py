@@ -11,7 +11,7 @@ import click
 
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
 
-NOT_BUILT_YET = ("index", "audit-shortcuts")
+NOT_BUILT_YET = ("audit-shortcuts",)
 
 
 def find_samples() -> Path | None:
@@ -36,6 +36,11 @@ def heldout_retrieval(checkpoint: Path, dataset: Path, registry) -> dict:
         features: retrieval_metrics(embed_paths(loaded, heldout.paths, features=features), heldout.labels)
         for features in FEATURES
     }
+
+
+def meta_first_path(index_dir: Path) -> str:
+    with open(index_dir / "items.jsonl", encoding="utf-8") as handle:
+        return json.loads(handle.readline())["path"]
 
 
 @click.command()
@@ -84,6 +89,15 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
     for features, f in figures.items():
         click.echo(f"  held-out ({f['n_queries']} captures) {features} features: recall@1 {f['recall_at_1']:.3f}, "
                    f"recall@5 {f['recall_at_5']:.3f}, mAP {f['map']:.3f}")
-    for step, name in enumerate(NOT_BUILT_YET, start=3):
+    from receipt_embed.indexing import index_dataset
+
+    features = config.train.select_on
+    click.echo(f"[3/4] index the held-out captures ({features} features, the ones the checkpoint was selected on) "
+               f"-> {out / 'index'}")
+    meta = index_dataset(out / "run" / "checkpoints" / "best.pt", out / "dataset", out / "index", registry,
+                         split="heldout", features=features, progress=progress)
+    click.echo(f"  {meta['count']} items of dim {meta['dim']}; try: receipt-embed search {out / 'index'} "
+               f"{meta_first_path(out / 'index')} --threshold 0.9")
+    for step, name in enumerate(NOT_BUILT_YET, start=4):
         click.echo(f"[{step}/4] {name}: not built yet (see the README's roadmap)")
     click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")

@@ -1,0 +1,69 @@
+"""``receipt-embed index``: embeddings into a FAISS index dir."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from receipt_embed.cli.options import InputError, load_registry
+
+
+@click.command()
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="Checkpoint to embed with, e.g. RUN_DIR/checkpoints/best.pt.")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Dataset dir from `ingest` whose captures are indexed (with --checkpoint).")
+@click.option("--split", type=click.Choice(["all", "train", "val", "heldout"]), default=None,
+              help="Which captures of --data to index [all].")
+@click.option("--features", type=click.Choice(["backbone", "head"]), default="backbone", show_default=True,
+              help="Encoder features (what index is for) or the projection head's output.")
+@click.option("--embeddings", "embeddings_file", type=click.Path(dir_okay=False), default=None,
+              help="Index these (N, D) .npy embeddings of any model instead of embedding images.")
+@click.option("--manifest", default=None, type=click.Path(exists=True),
+              help="With --embeddings: manifest (CSV/JSONL or dataset dir) whose row i is embedding row i.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
+@click.option("--factory", default="Flat", show_default=True,
+              help="FAISS index-factory string: Flat (exact), HNSW32, IVF1024,Flat, IVF4096,PQ64, ...")
+@click.option("--target-recall", type=click.FloatRange(0, 1), default=0.95, show_default=True,
+              help="Approximate indexes: raise nprobe/efSearch until recall@10 against exact search reaches this.")
+@click.option("--train-size", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Approximate indexes: vectors sampled to train the quantizers.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Images per forward pass.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.pass_context
+def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest, out_dir, factory, target_recall,
+          train_size, batch_size, quiet):
+    """Embed captures (or take external embeddings) into a FAISS index dir.
+
+    Vectors are L2-normalised and searched by inner product (cosine similarity). The dir
+    holds index.faiss, items.jsonl, embeddings.npy and index.json (checksums, source)."""
+    from receipt_embed.config import ConfigError
+    from receipt_embed.indexing import IndexBuildError, index_dataset, index_embeddings
+    from receipt_embed.ingest.manifest import ManifestError
+    from receipt_embed.registry import ComponentError
+    from receipt_embed.training.checkpoint import CheckpointError
+
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log}
+    try:
+        if embeddings_file is not None:
+            if checkpoint or data_dir or split:
+                raise InputError("--embeddings takes --manifest; --checkpoint, --data and --split are for embedding images")
+            if manifest is None:
+                raise InputError("--embeddings needs --manifest: the captures its rows belong to, in order")
+            meta = index_embeddings(embeddings_file, manifest, out_dir, **options)
+        else:
+            if manifest is not None:
+                raise InputError("--manifest goes with --embeddings; to embed images use --checkpoint and --data")
+            if not checkpoint or not data_dir:
+                raise InputError("give --checkpoint and --data (or --embeddings with --manifest)")
+            registry = load_registry(ctx)
+            meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split or "all", features=features,
+                                 batch_size=batch_size, progress=not quiet and sys.stderr.isatty(), **options)
+    except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, FileNotFoundError,
+            ValueError) as exc:
+        raise InputError(str(exc)) from None
+    recall = "" if meta["exact"] else f", recall@10 {meta['recall_at_10']:.3f} against exact ({meta['search_params'] or 'no knob'})"
+    click.echo(f"Indexed {meta['count']} items of dim {meta['dim']} with {meta['factory']}{recall} -> {out_dir}")

@@ -1,0 +1,173 @@
+"""The index dir: ``index.faiss``, ``items.jsonl``, ``embeddings.npy`` and ``index.json``.
+
+- ``items.jsonl``: row i of the index -> path, receipt_id, device, split and other metadata.
+- ``embeddings.npy``: the L2-normalised vectors, row-aligned with the items. An approximate
+  index stores lossy codes; audits and the all-pairs sweep read these exact vectors.
+- ``index.json``: count, dim, metric, factory, search parameters and measured recall, the
+  source (checkpoint fingerprint or external embeddings) and a sha256 of every file.
+
+Every file is written atomically and ``index.json`` last, so it only ever describes files
+that were completely written; loading re-checks sizes and checksums, so a truncated or
+edited file, or items that do not belong to the index, is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from receipt_embed import __version__
+from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
+
+INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE, META_FILE = "index.faiss", "items.jsonl", "embeddings.npy", "index.json"
+FORMAT_VERSION = 1
+
+
+class IndexDirError(ValueError):
+    """An index dir that is missing, incomplete or does not match its index.json."""
+
+
+@dataclass
+class IndexDir:
+    path: Path
+    index: object  # faiss.Index, search parameters applied
+    items: list[dict]
+    embeddings: np.ndarray  # (count, dim) float32, L2-normalised
+    meta: dict
+
+    @property
+    def count(self) -> int:
+        return len(self.items)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_faiss(index, path: Path) -> None:
+    import faiss
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        faiss.write_index(index, tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
+                    features: str | None) -> dict:
+    """Write the four files of an index dir; returns the index.json written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if len(items) != len(embeddings) or built.index.ntotal != len(embeddings):
+        raise ValueError(f"{len(items)} items, {len(embeddings)} embeddings and {built.index.ntotal} indexed vectors differ")
+    (out / META_FILE).unlink(missing_ok=True)  # a half-rewritten dir must not look complete
+    _write_faiss(built.index, out / INDEX_FILE)
+    atomic_write_jsonl(out / ITEMS_FILE, items)
+    with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:
+        np.save(handle, np.ascontiguousarray(embeddings, dtype=np.float32), allow_pickle=False)
+    files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
+             for name in (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE)}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "count": len(items),
+        "dim": int(embeddings.shape[1]),
+        "metric": "inner_product",
+        "normalised": True,
+        "factory": built.factory,
+        "exact": built.exact,
+        "search_params": built.search_params,
+        "recall_at_10": built.recall_at_10,
+        "recall_queries": built.recall_queries,
+        "train_size": built.train_size,
+        "features": features,
+        "source": source,
+        "files": files,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "receipt_embed_version": __version__,
+    }
+    atomic_write_json(out / META_FILE, meta)
+    return meta
+
+
+def read_meta(path: str | Path) -> dict:
+    path = Path(path)
+    meta_path = path / META_FILE
+    if not path.is_dir():
+        raise IndexDirError(f"{path} is not a directory; build one with `receipt-embed index`")
+    if not meta_path.is_file():
+        raise IndexDirError(f"{meta_path} not found: {path} is not a complete index dir (was `receipt-embed index` interrupted?)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IndexDirError(f"{meta_path} is not valid JSON: {exc}") from None
+    missing = [key for key in ("count", "dim", "factory", "files", "source") if key not in meta]
+    if missing:
+        raise IndexDirError(f"{meta_path} lacks {', '.join(missing)}")
+    return meta
+
+
+def _check_file(path: Path, expected: dict) -> None:
+    if not path.is_file():
+        raise IndexDirError(f"{path} is missing")
+    size = path.stat().st_size
+    if size != expected["bytes"]:
+        raise IndexDirError(f"{path} has {size} bytes, index.json records {expected['bytes']}: truncated or replaced")
+    if sha256_file(path) != expected["sha256"]:
+        raise IndexDirError(f"{path} does not match the sha256 in index.json: the file was edited or corrupted")
+
+
+def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
+    """Load an index dir, checking every file against index.json (``verify``)."""
+    import faiss
+
+    from receipt_embed.indexing.factory import set_search_params
+
+    path = Path(path)
+    meta = read_meta(path)
+    files = meta["files"]
+    for name in (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE):
+        if name not in files:
+            raise IndexDirError(f"{path / META_FILE} has no entry for {name}")
+        if verify:
+            _check_file(path / name, files[name])
+    try:
+        index = faiss.read_index(str(path / INDEX_FILE))
+    except RuntimeError as exc:
+        raise IndexDirError(f"{path / INDEX_FILE} cannot be read by FAISS: {str(exc).strip().splitlines()[-1]}") from None
+    try:
+        items = read_jsonl(path / ITEMS_FILE)
+    except ValueError as exc:
+        raise IndexDirError(str(exc)) from None
+    try:
+        embeddings = np.load(path / EMBEDDINGS_FILE, allow_pickle=False)
+    except ValueError as exc:
+        raise IndexDirError(f"{path / EMBEDDINGS_FILE} cannot be read: {exc}") from None
+    count, dim = meta["count"], meta["dim"]
+    problems = []
+    if index.ntotal != count or index.d != dim:
+        problems.append(f"{INDEX_FILE} holds {index.ntotal} vectors of dim {index.d}")
+    if len(items) != count:
+        problems.append(f"{ITEMS_FILE} has {len(items)} rows")
+    if embeddings.shape != (count, dim):
+        problems.append(f"{EMBEDDINGS_FILE} has shape {embeddings.shape}")
+    if problems:
+        raise IndexDirError(f"{path}: index.json records {count} items of dim {dim}, but " + "; ".join(problems))
+    set_search_params(index, meta.get("search_params", ""))
+    return IndexDir(path, index, items, embeddings, meta)

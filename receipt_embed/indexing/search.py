@@ -1,0 +1,130 @@
+"""Searching an index dir: query images -> nearest captures, and the all-pairs sweep.
+
+Queries embed with the very checkpoint that built the index (its sha256 is in index.json):
+vectors from another model live in another space, so a missing or different checkpoint is
+an error, never a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
+
+PAIR_COLUMNS = ("row_a", "row_b", "similarity", "same_receipt", "receipt_id_a", "receipt_id_b",
+                "device_a", "device_b", "path_a", "path_b")
+
+
+def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) -> Path:
+    """The checkpoint that built the index, verified by sha256 (``override``: a moved copy)."""
+    source = index_dir.meta["source"]
+    if source.get("kind") != "checkpoint":
+        raise IndexDirError(
+            f"{index_dir.path} was built from external embeddings ({source.get('embeddings')}), so there is no "
+            "model to embed query images with; use --all-pairs, or index with --checkpoint"
+        )
+    recorded = Path(source["checkpoint"])
+    path = Path(override) if override else recorded
+    if not path.is_file():
+        hint = "" if override else "; pass --checkpoint PATH if it moved"
+        raise IndexDirError(f"checkpoint {path} not found: {index_dir.path} was built with it{hint}")
+    if sha256_file(path) != source["checkpoint_sha256"]:
+        raise IndexDirError(
+            f"checkpoint {path} is not the one that built {index_dir.path} (sha256 differs from index.json): "
+            "its embeddings would not be comparable; rebuild the index or pass the original checkpoint"
+        )
+    return path
+
+
+def check_queries(paths: list[str], max_pixels: int) -> list[str]:
+    """Each query decodes (else ImageRejected naming it); returns each file's sha256."""
+    from receipt_embed.images import decode_image
+
+    digests = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"query image not found: {path}") from None
+        except IsADirectoryError:
+            raise ValueError(f"query {path} is a directory, not an image") from None
+        decode_image(data, max_pixels, name=str(path))
+        digests.append(hashlib.sha256(data).hexdigest())
+    return digests
+
+
+def neighbours(index_dir: IndexDir, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    from receipt_embed.evaluation.retrieval import l2_normalise
+
+    if queries.shape[1] != index_dir.meta["dim"]:
+        raise IndexDirError(f"query vectors have dim {queries.shape[1]}, the index holds dim {index_dir.meta['dim']}")
+    k = min(k, index_dir.count)
+    return index_dir.index.search(l2_normalise(queries), k)
+
+
+def search_images(index_dir: IndexDir, images: list[str], registry, *, k: int = 5, threshold: float | None = None,
+                  checkpoint: str | Path | None = None, batch_size: int = 128) -> list[dict]:
+    """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict."""
+    from receipt_embed.embedding import embed_paths, load_model
+
+    loaded = load_model(resolve_checkpoint(index_dir, checkpoint), registry)
+    digests = check_queries(images, loaded.config.ingest.max_pixels)
+    vectors = embed_paths(loaded, [str(p) for p in images], index_dir.meta["features"], batch_size=batch_size)
+    sims, ids = neighbours(index_dir, vectors, k)
+    results = []
+    for path, digest, row_sims, row_ids in zip(images, digests, sims, ids):
+        hits = []
+        for sim, row in zip(row_sims, row_ids):
+            if row < 0:
+                continue
+            item = index_dir.items[row]
+            hits.append({"row": int(row), "similarity": round(float(sim), 6), "receipt_id": item.get("receipt_id"),
+                         "device": item.get("device"), "path": item.get("path"),
+                         "same_file": item.get("sha256") == digest})
+        result = {"query": str(path), "neighbours": hits}
+        if threshold is not None:
+            match = hits[0] if hits and hits[0]["similarity"] >= threshold else None
+            result["duplicate"] = match is not None
+            result["match"] = match
+        results.append(result)
+    return results
+
+
+def all_pairs(embeddings: np.ndarray, threshold: float, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair (i < j) with cosine similarity >= threshold, by exact FAISS range search.
+
+    Runs over the exact stored vectors (not an approximate index's lossy codes), in chunks
+    of queries so memory stays bounded. Returns rows a, rows b and similarities, sorted by
+    similarity (highest first), then by rows."""
+    import faiss
+
+    vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    flat.add(vectors)
+    # FAISS keeps scores strictly above the radius; step just below so ">= threshold" holds
+    radius = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
+    rows_a, rows_b, sims = [], [], []
+    for start in range(0, len(vectors), chunk):
+        lims, scores, ids = flat.range_search(vectors[start : start + chunk], radius)
+        query = start + np.repeat(np.arange(len(lims) - 1), np.diff(lims.astype(np.int64)))
+        keep = ids > query
+        rows_a.append(query[keep])
+        rows_b.append(ids[keep])
+        sims.append(scores[keep])
+    a, b, s = (np.concatenate(x) if x else np.zeros(0) for x in (rows_a, rows_b, sims))
+    order = np.lexsort((b, a, -s))
+    return a[order].astype(np.int64), b[order].astype(np.int64), s[order].astype(np.float32)
+
+
+def pair_rows(index_dir: IndexDir, a: np.ndarray, b: np.ndarray, sims: np.ndarray):
+    """CSV rows for pairs: same_receipt is true/false when both receipt ids are known, else blank."""
+    items = index_dir.items
+    for i, j, sim in zip(a.tolist(), b.tolist(), sims.tolist()):
+        x, y = items[i], items[j]
+        known = x.get("receipt_id") not in (None, "") and y.get("receipt_id") not in (None, "")
+        same = ("true" if x["receipt_id"] == y["receipt_id"] else "false") if known else ""
+        yield (i, j, f"{sim:.6f}", same, x.get("receipt_id", ""), y.get("receipt_id", ""),
+               x.get("device", ""), y.get("device", ""), x.get("path", ""), y.get("path", ""))

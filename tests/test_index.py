@@ -1,0 +1,264 @@
+"""index and search: real FAISS index dirs from a trained checkpoint or external embeddings."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from conftest import builtin_registry
+from receipt_embed.config import load_config
+from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
+from receipt_embed.embedding import embed_paths, load_model
+from receipt_embed.indexing import IndexBuildError, IndexDirError, all_pairs, build_index, load_index_dir
+from receipt_embed.indexing.index_dir import sha256_file
+from receipt_embed.ingest import ingest
+from receipt_embed.training.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["data.image_size=[64,32]", "train.batch_size=8", "train.eval_batch_size=64", "train.bn_recalibrate=32",
+        "model.head_hidden=64", "model.head_dim=32", "train.epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    base = tmp_path_factory.mktemp("index")
+    ingest(REPO / "data_samples", base / "dataset", load_config().ingest)
+    train(load_config(overrides=TINY), base / "dataset", base / "run", builtin_registry(), progress=False,
+          log=lambda m: None)
+    return base / "dataset", base / "run" / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def heldout_index(trained, tmp_path_factory):
+    dataset, checkpoint = trained
+    out = tmp_path_factory.mktemp("ix") / "heldout"
+    from conftest import run_cli
+
+    result = run_cli("index", "--checkpoint", checkpoint, "--data", dataset, "--split", "heldout", "--out", out, "-q")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_index_dir_holds_normalised_backbone_features_in_manifest_order(trained, heldout_index):
+    dataset, checkpoint = trained
+    meta = json.loads((heldout_index / "index.json").read_text())
+    heldout = select_split(load_dataset_dir(dataset), "heldout")
+    loaded = load_model(checkpoint, builtin_registry())
+    expected = embed_paths(loaded, heldout.paths, "backbone")
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    assert meta["count"] == len(heldout) == 18 and meta["dim"] == loaded.model.encoder.feature_dim
+    assert (meta["metric"], meta["factory"], meta["exact"], meta["features"]) == ("inner_product", "Flat", True, "backbone")
+    assert meta["source"]["checkpoint_sha256"] == sha256_file(checkpoint)
+    assert meta["source"]["split"] == "heldout"
+    for name, entry in meta["files"].items():
+        assert entry["sha256"] == sha256_file(heldout_index / name)
+    loaded_index = load_index_dir(heldout_index)
+    assert [item["path"] for item in loaded_index.items] == heldout.paths
+    assert "line" not in loaded_index.items[0] and loaded_index.items[0]["split"] == "heldout"
+    np.testing.assert_allclose(loaded_index.embeddings, expected, atol=1e-5)
+    stored = faiss.rev_swig_ptr(faiss.downcast_index(loaded_index.index).get_xb(), meta["count"] * meta["dim"])
+    np.testing.assert_allclose(np.asarray(stored).reshape(meta["count"], -1), expected, atol=1e-5)
+
+
+def test_search_round_trip_finds_the_item_itself_first(cli, trained, heldout_index):
+    items = load_index_dir(heldout_index).items
+    queries = [items[0]["path"], items[7]["path"]]
+    result = cli("search", heldout_index, *queries, "--k", "3", "--threshold", "0.5", "--json")
+    assert result.returncode == 0, result.stderr
+    answers = json.loads(result.stdout)
+    assert [a["query"] for a in answers] == queries
+    for answer, row in zip(answers, (0, 7)):
+        first = answer["neighbours"][0]
+        assert first["row"] == row and first["same_file"] and first["similarity"] == pytest.approx(1.0, abs=1e-4)
+        assert first["receipt_id"] == items[row]["receipt_id"] and first["device"] == items[row]["device"]
+        assert len(answer["neighbours"]) == 3 and answer["duplicate"] and answer["match"] == first
+    table = cli("search", heldout_index, queries[0], "--threshold", "1.0")
+    assert table.returncode == 0
+    assert "no duplicate" in table.stdout or "DUPLICATE" in table.stdout  # 1.0 sits on the float edge
+    table = cli("search", heldout_index, queries[0], "--threshold", "0.2")
+    assert f"DUPLICATE of receipt {items[0]['receipt_id']}" in table.stdout and "[same file]" in table.stdout
+
+
+def test_search_needs_the_checkpoint_that_built_the_index(cli, trained, heldout_index, tmp_path):
+    dataset, checkpoint = trained
+    query = load_index_dir(heldout_index).items[0]["path"]
+    moved = tmp_path / "moved"
+    shutil.copytree(heldout_index, moved)
+    meta = json.loads((moved / "index.json").read_text())
+    meta["source"]["checkpoint"] = str(tmp_path / "gone.pt")
+    (moved / "index.json").write_text(json.dumps(meta))
+    result = cli("search", moved, query)
+    assert result.returncode == 2 and "gone.pt not found" in result.stderr and "--checkpoint" in result.stderr
+    copy = tmp_path / "copy.pt"
+    shutil.copy(checkpoint, copy)
+    assert cli("search", moved, query, "--checkpoint", copy).returncode == 0
+    other = checkpoint.parent / "last.pt"
+    if sha256_file(other) == sha256_file(checkpoint):  # one epoch: best and last may be byte-identical
+        other = tmp_path / "other.pt"
+        import torch
+
+        state = torch.load(checkpoint, weights_only=True)
+        state["epoch"] = 99
+        torch.save(state, other)
+    result = cli("search", moved, query, "--checkpoint", other)
+    assert result.returncode == 2 and "is not the one that built" in result.stderr
+
+
+def test_search_rejects_bad_queries(cli, heldout_index, tmp_path):
+    bad = tmp_path / "notes.jpg"
+    bad.write_text("not an image")
+    result = cli("search", heldout_index, bad)
+    assert result.returncode == 2 and "notes.jpg" in result.stderr and "not a recognised image" in result.stderr
+    result = cli("search", heldout_index, tmp_path / "missing.jpg")
+    assert result.returncode == 2 and "missing.jpg" in result.stderr
+    assert cli("search", heldout_index).returncode == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "items", "meta"])
+def test_damaged_index_dir_is_a_clear_error(heldout_index, tmp_path, damage):
+    broken = tmp_path / "broken"
+    shutil.copytree(heldout_index, broken)
+    if damage == "truncate":
+        data = (broken / "index.faiss").read_bytes()
+        (broken / "index.faiss").write_bytes(data[: len(data) // 2])
+        message = "index.faiss has"
+    elif damage == "flip":
+        data = bytearray((broken / "index.faiss").read_bytes())
+        data[-5] ^= 0xFF
+        (broken / "index.faiss").write_bytes(bytes(data))
+        message = "index.faiss does not match the sha256"
+    elif damage == "items":  # consistent checksums, but items that do not belong to the index
+        lines = (broken / "items.jsonl").read_text().splitlines()
+        (broken / "items.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+        meta = json.loads((broken / "index.json").read_text())
+        meta["files"]["items.jsonl"] = {"sha256": sha256_file(broken / "items.jsonl"),
+                                        "bytes": (broken / "items.jsonl").stat().st_size}
+        (broken / "index.json").write_text(json.dumps(meta))
+        message = "items.jsonl has 17 rows"
+    else:
+        (broken / "index.json").unlink()
+        message = "not a complete index dir"
+    with pytest.raises(IndexDirError, match=message):
+        load_index_dir(broken)
+
+
+def test_external_embeddings_become_the_same_kind_of_index_dir(cli, trained, tmp_path):
+    dataset, _ = trained
+    rows = load_dataset_dir(dataset)
+    vectors = np.random.default_rng(0).normal(size=(len(rows), 24)).astype(np.float32)
+    np.save(tmp_path / "x.npy", vectors)
+    result = cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", dataset, "--out", tmp_path / "ix")
+    assert result.returncode == 0, result.stderr
+    loaded = load_index_dir(tmp_path / "ix")
+    assert [item["path"] for item in loaded.items] == [row["path"] for row in rows]
+    assert loaded.meta["source"]["kind"] == "embeddings" and loaded.meta["features"] is None
+    np.testing.assert_allclose(loaded.embeddings, vectors / np.linalg.norm(vectors, axis=1, keepdims=True), atol=1e-6)
+    # a query image cannot be embedded by "another model"
+    result = cli("search", tmp_path / "ix", rows[0]["path"])
+    assert result.returncode == 2 and "external embeddings" in result.stderr
+
+    cases = {
+        "short.npy": (vectors[:-1], f"has {len(rows) - 1} rows but"),
+        "flat.npy": (vectors[:, 0], "expected a 2-D array"),
+        "nan.npy": (np.where(np.arange(len(rows))[:, None] == 5, np.nan, vectors), "row 5 (0-based) holds NaN"),
+        "zero.npy": (np.where(np.arange(len(rows))[:, None] == 3, 0.0, vectors), "row 3 (0-based) is all zeros"),
+        "text.npy": (np.array([["a"] * 3] * len(rows)), "expected real numbers"),
+    }
+    for name, (array, message) in cases.items():
+        np.save(tmp_path / name, array)
+        result = cli("index", "--embeddings", tmp_path / name, "--manifest", dataset, "--out", tmp_path / name[:-4])
+        assert result.returncode == 2 and message in result.stderr, (name, result.stderr)
+        assert name in result.stderr
+    result = cli("index", "--embeddings", tmp_path / "x.npy", "--out", tmp_path / "nomanifest")
+    assert result.returncode == 2 and "--manifest" in result.stderr
+
+
+def _clustered(n=600, d=32, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(n // 3, d))
+    labels = np.repeat(np.arange(n // 3), 3)
+    x = centres[labels] + 0.35 * rng.normal(size=(n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), labels
+
+
+def test_all_pairs_match_brute_force():
+    x, _ = _clustered()
+    threshold = 0.8
+    a, b, sims = all_pairs(x, threshold, chunk=97)  # chunks that do not divide N
+    gram = x.astype(np.float64) @ x.T.astype(np.float64)
+    i, j = np.triu_indices(len(x), k=1)
+    keep = gram[i, j] >= threshold
+    expected = sorted(zip(i[keep].tolist(), j[keep].tolist()))
+    assert sorted(zip(a.tolist(), b.tolist())) == expected and len(expected) > 100
+    np.testing.assert_allclose(sims, gram[a, b], atol=1e-5)
+    assert np.all(np.diff(sims) <= 0)  # highest similarity first
+    a2, b2, _ = all_pairs(x, float(sims[0]))  # a pair exactly at the threshold is included
+    assert (a[0], b[0]) in set(zip(a2.tolist(), b2.tolist()))
+
+
+def test_all_pairs_cli_marks_same_receipt(cli, tmp_path):
+    x, labels = _clustered(n=300)
+    np.save(tmp_path / "x.npy", x)
+    with open(tmp_path / "m.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device"])
+        writer.writerows([[f"img{i}.jpg", f"r{label}", f"d{i % 3}"] for i, label in enumerate(labels)])
+    assert cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix").returncode == 0
+    result = cli("search", tmp_path / "ix", "--all-pairs", "--threshold", "0.75", "--out", tmp_path / "pairs.csv")
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(open(tmp_path / "pairs.csv")))
+    gram = x.astype(np.float64) @ x.T
+    i, j = np.triu_indices(len(x), k=1)
+    keep = gram[i, j] >= 0.75
+    assert len(rows) == int(keep.sum())
+    same = sum(labels[a] == labels[b] for a, b in zip(i[keep], j[keep]))
+    assert sum(row["same_receipt"] == "true" for row in rows) == same
+    assert f"{len(rows)} pairs" in result.stdout and f"{same} same receipt" in result.stdout
+    first = rows[0]
+    assert first["receipt_id_a"] == f"r{labels[int(first['row_a'])]}" and first["path_a"].endswith(f"img{first['row_a']}.jpg")
+
+
+@pytest.mark.parametrize("factory", ["IVF8,Flat", "HNSW16", "IVF4,PQ4x4"])
+def test_approximate_index_records_its_measured_recall(tmp_path, factory):
+    from receipt_embed.indexing.index_dir import write_index_dir
+
+    x, _ = _clustered(n=900, d=16)
+    built = build_index(x, factory, target_recall=0.9, recall_queries=200)
+    items = [{"path": f"{i}.jpg", "receipt_id": str(i // 3)} for i in range(len(x))]
+    write_index_dir(tmp_path, built, x, items, {"kind": "embeddings"}, None)
+    loaded = load_index_dir(tmp_path)
+    meta = loaded.meta
+    assert not meta["exact"] and meta["recall_queries"] == 200
+    # independent check: the reloaded index with the recorded parameters, against numpy top-10
+    queries = np.random.default_rng(1).choice(len(x), 200, replace=False)
+    truth = np.argsort(-(x[queries] @ x.T), axis=1, kind="stable")[:, :10]
+    found = loaded.index.search(x[queries], 10)[1]
+    recall = np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth)])
+    assert recall == pytest.approx(meta["recall_at_10"], abs=0.01)
+    if factory != "IVF4,PQ4x4":  # the tunable ones reach the target
+        assert meta["recall_at_10"] >= 0.9 and meta["search_params"]
+
+
+def test_bad_factories_are_clear_errors(cli, trained, tmp_path):
+    x, _ = _clustered(n=60)
+    with pytest.raises(IndexBuildError, match="cannot build factory 'IVFx'"):
+        build_index(x, "IVFx")
+    with pytest.raises(IndexBuildError, match="cannot train 256 IVF lists on 60 vectors"):
+        build_index(x, "IVF256,Flat")
+    dataset, checkpoint = trained
+    result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "ix", "--factory", "Nope")
+    assert result.returncode == 2 and "'Nope'" in result.stderr
+
+
+def test_query_dimension_must_match(heldout_index):
+    from receipt_embed.indexing.search import neighbours
+
+    loaded = load_index_dir(heldout_index)
+    with pytest.raises(IndexDirError, match=f"dim 7, the index holds dim {loaded.meta['dim']}"):
+        neighbours(loaded, np.ones((2, 7), np.float32), 3)

@@ -96,6 +96,8 @@ def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[
         "recall_at_10": built.recall_at_10,
         "recall_queries": built.recall_queries,
         "train_size": built.train_size,
+        "build_seconds": built.build_seconds,
+        "tune_seconds": built.tune_seconds,
         "features": features,
         "source": source,
         "files": files,

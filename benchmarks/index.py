@@ -4,8 +4,8 @@
         [--factories Flat HNSW32 "IVF4096,PQ64"] [--target-recall 0.95] [--json results.jsonl]
 
 Vectors imitate receipt embeddings: captures of one receipt lie close together (a receipt
-centre plus capture noise) and receipts of one merchant share a direction, so neighbours
-are structured as in a real archive. Queries are *new* captures of indexed receipts (the
+position plus capture noise), receipts of one merchant cluster, and everything lives near a
+64-dimensional subspace of the 512 dimensions, as trained embeddings do. Queries are *new* captures of indexed receipts (the
 duplicate lookup); ground truth is exact inner-product search over all vectors.
 
 Each (size, factory) case runs in its own process, through `receipt_embed.indexing.build_index`
@@ -31,37 +31,51 @@ from pathlib import Path
 
 import numpy as np
 
-MERCHANTS, CAPTURES = 2000, 3
+MERCHANTS, CAPTURES, LATENT = 2000, 3, 64
 
 
-def make_vectors(n: int, dim: int, seed: int = 0, chunk: int = 100_000) -> np.ndarray:
-    """n captures (3 per receipt) of n/3 receipts spread over MERCHANTS merchants, normalised."""
-    rng = np.random.default_rng(seed)
-    merchants = rng.normal(size=(MERCHANTS, dim)).astype(np.float32)
-    out = np.empty((n, dim), np.float32)
-    for start in range(0, n, chunk):
-        rows = np.arange(start, min(n, start + chunk))
-        out[rows] = receipt_centres(rows // CAPTURES, merchants, seed) + 0.35 * rng.normal(size=(len(rows), dim))
-    out /= np.linalg.norm(out, axis=1, keepdims=True)
+def _basis(dim: int, seed: int) -> np.ndarray:
+    """A fixed random map from the latent space into the embedding space."""
+    return np.random.default_rng([seed, 0]).normal(size=(LATENT, dim)).astype(np.float32) / np.sqrt(LATENT)
+
+
+def receipt_latents(receipts: np.ndarray, seed: int) -> np.ndarray:
+    """A receipt's latent position is a function of its number, so queries can recreate it:
+    its merchant's position plus its own offset."""
+    merchants = np.random.default_rng([seed, 3]).normal(size=(MERCHANTS, LATENT)).astype(np.float32)
+    out = np.empty((len(receipts), LATENT), np.float32)
+    for i, receipt in enumerate(receipts.tolist()):
+        r = np.random.default_rng([seed, 1, receipt])
+        out[i] = merchants[r.integers(MERCHANTS)] + 0.7 * r.normal(size=LATENT)
     return out
 
 
-def receipt_centres(receipts: np.ndarray, merchants: np.ndarray, seed: int) -> np.ndarray:
-    """A receipt's centre is a function of its number, so queries can recreate it."""
-    dim = merchants.shape[1]
-    centres = np.empty((len(receipts), dim), np.float32)
-    for i, receipt in enumerate(receipts.tolist()):
-        r = np.random.default_rng([seed, 1, receipt])
-        centres[i] = merchants[r.integers(MERCHANTS)] + 0.9 * r.normal(size=dim)
-    return centres
+def _captures(latents: np.ndarray, basis: np.ndarray, rng) -> np.ndarray:
+    """Capture noise in the latent space plus a little isotropic noise in all dimensions."""
+    x = (latents + 0.25 * rng.normal(size=latents.shape)) @ basis
+    x += 0.02 * rng.normal(size=x.shape)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def make_vectors(n: int, dim: int, seed: int = 0, chunk: int = 100_000) -> np.ndarray:
+    """n captures (3 per receipt) of n/3 receipts spread over MERCHANTS merchants, normalised.
+
+    Real embeddings occupy far fewer directions than their dimension (an effective rank of a
+    few dozen is typical), so the vectors live near a LATENT-dimensional subspace."""
+    rng = np.random.default_rng([seed, 4])
+    basis = _basis(dim, seed)
+    out = np.empty((n, dim), np.float32)
+    for start in range(0, n, chunk):
+        rows = np.arange(start, min(n, start + chunk))
+        out[rows] = _captures(receipt_latents(rows // CAPTURES, seed), basis, rng)
+    return out
 
 
 def make_queries(n: int, dim: int, count: int, seed: int = 0) -> np.ndarray:
+    """New captures of indexed receipts: the duplicate lookup."""
     rng = np.random.default_rng([seed, 2])
-    merchants = np.random.default_rng(seed).normal(size=(MERCHANTS, dim)).astype(np.float32)
     receipts = rng.choice(n // CAPTURES, count, replace=False)
-    q = receipt_centres(receipts, merchants, seed) + 0.35 * rng.normal(size=(count, dim))
-    return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+    return _captures(receipt_latents(receipts, seed), _basis(dim, seed), rng).astype(np.float32)
 
 
 def _rss_kb(field: str) -> int:

@@ -34,7 +34,10 @@ def test_demo_pipeline_wiring(cli, tmp_path):
     assert "accepted 180" in result.stdout and "held-out (18 captures) backbone features: recall@1" in result.stdout
     index = json.loads((out / "index" / "index.json").read_text())
     assert (index["count"], index["features"], index["source"]["split"]) == (18, "head", "heldout")
-    assert "receipt-embed search" in result.stdout and "audit-shortcuts: not built yet" in result.stdout
+    assert "receipt-embed search" in result.stdout and "[4/4] audit-shortcuts" in result.stdout
+    audit = json.loads((out / "audit" / "audit.json").read_text())
+    assert audit["n_items"] == 18 and set(audit["shortcuts"]) == {"device", "merchant"}
+    assert (out / "audit" / "audit.html").is_file()
     again = cli("demo", "--out", out, "-q", cwd=REPO)
     assert again.returncode == 2 and "already holds a demo run" in again.stderr
 

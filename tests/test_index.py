@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import faiss
@@ -229,9 +230,13 @@ def test_approximate_index_records_its_measured_recall(tmp_path, factory):
     from receipt_embed.indexing.index_dir import write_index_dir
 
     x, _ = _clustered(n=900, d=16)
-    built = build_index(x, factory, target_recall=0.9, recall_queries=200)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = build_index(x, factory, target_recall=0.9, recall_queries=200)
+    below = [w for w in caught if "stays below the target 0.9" in str(w.message)]
+    assert bool(below) == (built.recall_at_10 < 0.9)
     items = [{"path": f"{i}.jpg", "receipt_id": str(i // 3)} for i in range(len(x))]
-    write_index_dir(tmp_path, built, x, items, {"kind": "embeddings"}, None)
+    write_index_dir(tmp_path, built, x, items, {"kind": "embeddings", "embeddings": "x.npy", "embeddings_sha256": "0"}, None)
     loaded = load_index_dir(tmp_path)
     meta = loaded.meta
     assert not meta["exact"] and meta["recall_queries"] == 200
@@ -249,7 +254,7 @@ def test_bad_factories_are_clear_errors(cli, trained, tmp_path):
     x, _ = _clustered(n=60)
     with pytest.raises(IndexBuildError, match="cannot build factory 'IVFx'"):
         build_index(x, "IVFx")
-    with pytest.raises(IndexBuildError, match="cannot train 256 IVF lists on 60 vectors"):
+    with pytest.raises(IndexBuildError, match="cannot train 256 IVF lists on 60 training vectors"):
         build_index(x, "IVF256,Flat")
     dataset, checkpoint = trained
     result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "ix", "--factory", "Nope")
@@ -262,3 +267,74 @@ def test_query_dimension_must_match(heldout_index):
     loaded = load_index_dir(heldout_index)
     with pytest.raises(IndexDirError, match=f"dim 7, the index holds dim {loaded.meta['dim']}"):
         neighbours(loaded, np.ones((2, 7), np.float32), 3)
+
+
+def test_bad_search_params_and_incomplete_source_are_clear_errors(heldout_index, tmp_path):
+    for edit, message in (
+        (lambda meta: meta.update(search_params="nprobe=abc"), "search_params 'nprobe=abc' do not apply"),
+        (lambda meta: meta["source"].pop("checkpoint_sha256"), "lacks source.checkpoint_sha256"),
+    ):
+        broken = tmp_path / message[:6].replace(" ", "_")
+        shutil.copytree(heldout_index, broken)
+        meta = json.loads((broken / "index.json").read_text())
+        edit(meta)
+        (broken / "index.json").write_text(json.dumps(meta))
+        with pytest.raises(IndexDirError, match=message):
+            load_index_dir(broken)
+    with pytest.raises(IndexDirError, match="does not exist"):
+        load_index_dir(tmp_path / "nowhere")
+
+
+def test_index_files_get_the_usual_permissions(heldout_index):
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("index.faiss", "items.jsonl", "embeddings.npy", "index.json"):
+        assert (heldout_index / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+
+
+def test_threshold_one_finds_identical_vectors():
+    x, _ = _clustered(n=60)
+    x[7] = x[3]
+    x[20] = x[3] * 5  # same direction, another length
+    a, b, sims = all_pairs(x, 1.0)
+    assert {(3, 7), (3, 20), (7, 20)} <= set(zip(a.tolist(), b.tolist()))
+
+
+def test_unusable_inputs_are_clear_errors(cli, trained, heldout_index, tmp_path):
+    dataset, checkpoint = trained
+    note = tmp_path / "note.txt"
+    note.write_text("hi")
+    result = cli("index", "--checkpoint", note, "--data", dataset, "--out", tmp_path / "a")
+    assert result.returncode == 2 and "is not a checkpoint" in result.stderr and "Traceback" not in result.stderr
+    result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", note / "sub")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    np.save(tmp_path / "x.npy", np.ones((3, 4)))
+    (tmp_path / "x.csv").write_text("1,2\n3,4\n")
+    result = cli("index", "--embeddings", tmp_path / "x.csv", "--manifest", dataset, "--out", tmp_path / "b")
+    assert result.returncode == 2 and "not a .npy file" in result.stderr
+    result = cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", dataset, "--features", "head",
+                 "--out", tmp_path / "c")
+    assert result.returncode == 2 and "--features are for embedding images" in result.stderr
+    query = load_index_dir(heldout_index).items[0]["path"]
+    result = cli("search", heldout_index, query, "--out", tmp_path / "p.csv")
+    assert result.returncode == 2 and "--out is for --all-pairs" in result.stderr
+    result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "p.csv", "--json")
+    assert result.returncode == 2 and "--json apply to image queries" in result.stderr
+    result = cli("search", heldout_index, query, note, tmp_path / "gone.jpg")
+    assert result.returncode == 2 and "2 of 3 query images" in result.stderr
+    assert "note.txt" in result.stderr and "gone.jpg: not found" in result.stderr
+    result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.99", "--out", "-")
+    assert result.returncode == 0 and result.stdout.startswith("row_a,row_b,similarity") and "pairs with" in result.stderr
+
+
+def test_small_training_sets_and_missed_targets_are_explained():
+    x, _ = _clustered(n=120, d=32)
+    with pytest.raises(IndexBuildError, match="needs at least 256 training vectors, got 120"):
+        build_index(x, "IVF2,PQ8")
+    with pytest.raises(IndexBuildError, match="cannot train 8 IVF lists on 5 training vectors"):
+        build_index(x, "IVF8,Flat", train_size=5)
+    with pytest.warns(UserWarning, match="stays below the target 0.99"):
+        built = build_index(x, "PCA4,Flat", target_recall=0.99)
+    assert built.recall_at_10 < 0.99

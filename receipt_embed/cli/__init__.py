@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("receipt_embed.cli.demo:demo", "Run the whole pipeline on the bundled data_samples/."),
     "index": ("receipt_embed.cli.index:index", "Embed captures into a FAISS index dir."),
     "search": ("receipt_embed.cli.search:search", "Find a receipt's other captures, or all near-duplicate pairs."),
+    "audit-shortcuts": (
+        "receipt_embed.cli.audit:audit_shortcuts",
+        "Audit an index: retrieval, and clustering by device or other metadata.",
+    ),
 }
 
 

@@ -11,9 +11,6 @@ import click
 
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
 
-NOT_BUILT_YET = ("audit-shortcuts",)
-
-
 def find_samples() -> Path | None:
     """``data_samples/`` in the working directory or next to the package (a clone)."""
     import receipt_embed
@@ -96,8 +93,13 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
                f"-> {out / 'index'}")
     meta = index_dataset(out / "run" / "checkpoints" / "best.pt", out / "dataset", out / "index", registry,
                          split="heldout", features=features, progress=progress)
-    click.echo(f"  {meta['count']} items of dim {meta['dim']}; try: receipt-embed search {out / 'index'} "
-               f"{meta_first_path(out / 'index')} --threshold 0.9")
-    for step, name in enumerate(NOT_BUILT_YET, start=4):
-        click.echo(f"[{step}/4] {name}: not built yet (see the README's roadmap)")
+    click.echo(f"  {meta['count']} items of dim {meta['dim']}. Try: receipt-embed search {out / 'index'} "
+               f"{meta_first_path(out / 'index')} --k 3\n  (the query itself comes first, marked [same file]; "
+               "its receipt's other captures should follow)")
+    from receipt_embed.audit.run import run_audit, summary
+
+    click.echo(f"[4/4] audit-shortcuts {out / 'index'} for device and merchant -> {out / 'audit'}")
+    figures = run_audit(out / "index", ["device", "merchant"], out / "audit")
+    click.echo("\n".join(f"  {line}" for line in summary(figures).splitlines()))
+    click.echo(f"  report: {out / 'audit' / 'audit.html'}")
     click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")

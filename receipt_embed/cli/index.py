@@ -10,14 +10,14 @@ from receipt_embed.cli.options import InputError, load_registry
 
 
 @click.command()
-@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+@click.option("--checkpoint", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Checkpoint to embed with, e.g. RUN_DIR/checkpoints/best.pt.")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Dataset dir from `ingest` whose captures are indexed (with --checkpoint).")
-@click.option("--split", type=click.Choice(["all", "train", "val", "heldout"]), default=None,
-              help="Which captures of --data to index [all].")
+@click.option("--split", type=click.Choice(["all", "train", "val", "heldout"]), default="all", show_default=True,
+              help="Which captures of --data to index.")
 @click.option("--features", type=click.Choice(["backbone", "head"]), default="backbone", show_default=True,
-              help="Encoder features (what index is for) or the projection head's output.")
+              help="backbone: the encoder's features, meant for downstream use; head: the projection head's output.")
 @click.option("--embeddings", "embeddings_file", type=click.Path(dir_okay=False), default=None,
               help="Index these (N, D) .npy embeddings of any model instead of embedding images.")
 @click.option("--manifest", default=None, type=click.Path(exists=True),
@@ -47,10 +47,17 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
 
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log}
+    given = {name for name in ("split", "features", "batch_size", "target_recall", "train_size")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    if factory.replace(" ", "") in ("Flat", "IDMap,Flat") and given & {"target_recall", "train_size"}:
+        click.echo(f"Warning: {factory} is exact: --target-recall and --train-size do not apply", err=True)
     try:
         if embeddings_file is not None:
-            if checkpoint or data_dir or split:
-                raise InputError("--embeddings takes --manifest; --checkpoint, --data and --split are for embedding images")
+            images_only = [f"--{name.replace('_', '-')}" for name in ("split", "features", "batch_size") if name in given]
+            if checkpoint or data_dir or images_only:
+                raise InputError("--embeddings takes --manifest; " + ", ".join(
+                    ["--checkpoint"] * bool(checkpoint) + ["--data"] * bool(data_dir) + images_only
+                ) + " are for embedding images")
             if manifest is None:
                 raise InputError("--embeddings needs --manifest: the captures its rows belong to, in order")
             meta = index_embeddings(embeddings_file, manifest, out_dir, **options)
@@ -60,10 +67,11 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
             if not checkpoint or not data_dir:
                 raise InputError("give --checkpoint and --data (or --embeddings with --manifest)")
             registry = load_registry(ctx)
-            meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split or "all", features=features,
+            meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split, features=features,
                                  batch_size=batch_size, progress=not quiet and sys.stderr.isatty(), **options)
-    except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, FileNotFoundError,
-            ValueError) as exc:
+    except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
-    recall = "" if meta["exact"] else f", recall@10 {meta['recall_at_10']:.3f} against exact ({meta['search_params'] or 'no knob'})"
+    recall = "" if meta["exact"] else (
+        f", recall@10 {meta['recall_at_10']:.3f} against exact search ({meta['search_params'] or 'no search parameter'}"
+        + (f", below the target {target_recall}" if meta["recall_at_10"] < target_recall else "") + ")")
     click.echo(f"Indexed {meta['count']} items of dim {meta['dim']} with {meta['factory']}{recall} -> {out_dir}")

@@ -27,15 +27,15 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.command()
 @click.argument("index_dir", type=click.Path(file_okay=False))
 @click.argument("images", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--k", type=click.IntRange(min=1), default=5, show_default=True, help="Neighbours per query.")
+@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Neighbours per query.")
 @click.option("--threshold", type=click.FloatRange(-1, 1), default=None,
               help="Cosine similarity at or above which a neighbour counts as a duplicate.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+@click.option("--checkpoint", type=click.Path(dir_okay=False, exists=True), default=None,
               help="The index's checkpoint at a new location (its sha256 must match index.json).")
 @click.option("--all-pairs", is_flag=True, help="Every pair of indexed items at or above --threshold (no IMAGEs).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
-              help="With --all-pairs: CSV to write the pairs to.")
+              help="With --all-pairs: CSV to write the pairs to ('-' for standard output).")
 @click.pass_context
 def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs, out_file):
     """Find the indexed captures nearest to each IMAGE, or (--all-pairs) every near-duplicate pair.
@@ -43,18 +43,25 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
     \b
     receipt-embed search INDEX_DIR photo.jpg --k 5 --threshold 0.9
     receipt-embed search INDEX_DIR --all-pairs --threshold 0.9 --out pairs.csv"""
-    from receipt_embed.images import ImageRejected
     from receipt_embed.indexing import IndexDirError, load_index_dir, search_images
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
 
+    given = {name for name in ("k", "as_json", "checkpoint")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
     if all_pairs:
         if images:
             raise InputError("--all-pairs compares the indexed items with each other; give no IMAGE arguments")
         if threshold is None or out_file is None:
             raise InputError("--all-pairs needs --threshold T and --out pairs.csv")
-    elif not images:
-        raise InputError("give one or more IMAGE files to search for (or --all-pairs)")
+        if given:
+            names = {"k": "--k", "as_json": "--json", "checkpoint": "--checkpoint"}
+            raise InputError(f"{', '.join(names[n] for n in sorted(given))} apply to image queries, not to --all-pairs")
+    else:
+        if not images:
+            raise InputError("give one or more IMAGE files to search for (or --all-pairs)")
+        if out_file is not None:
+            raise InputError("--out is for --all-pairs; image queries print to standard output (--json for JSON)")
     try:
         loaded_index = load_index_dir(index_dir)
         if all_pairs:
@@ -62,9 +69,7 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
             return
         results = search_images(loaded_index, list(images), load_registry(ctx), k=k, threshold=threshold,
                                 checkpoint=checkpoint)
-    except ImageRejected as exc:
-        raise InputError(exc.detail) from None
-    except (IndexDirError, CheckpointError, ComponentError, FileNotFoundError, ValueError) as exc:
+    except (IndexDirError, CheckpointError, ComponentError, OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(results, indent=2))
@@ -77,15 +82,22 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
     from receipt_embed.indexing.search import PAIR_COLUMNS, all_pairs, pair_rows
 
     a, b, sims = all_pairs(index_dir.embeddings, threshold)
-    same = cross = unknown = 0
-    with atomic_open(out_file, "w") as handle:
+    counts = {"true": 0, "false": 0, "": 0}
+
+    def write(handle):
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(PAIR_COLUMNS)
         for row in pair_rows(index_dir, a, b, sims):
             writer.writerow(row)
-            same += row[3] == "true"
-            cross += row[3] == "false"
-            unknown += row[3] == ""
-    labelled = f": {same} same receipt, {cross} different receipts" + (f", {unknown} unlabelled" if unknown else "")
-    click.echo(f"{len(a)} pairs with similarity >= {threshold} among {index_dir.count} items{labelled} -> {out_file}",
-               file=sys.stdout)
+            counts[row[3]] += 1
+
+    if out_file == "-":
+        write(sys.stdout)
+    else:
+        with atomic_open(out_file, "w") as handle:
+            write(handle)
+    labelled = f": {counts['true']} same receipt, {counts['false']} different receipts" + (
+        f", {counts['']} unlabelled" if counts[""] else "")
+    where = "" if out_file == "-" else f" -> {out_file}"
+    click.echo(f"{len(a)} pairs with similarity >= {threshold} among {index_dir.count} items{labelled}{where}",
+               err=out_file == "-")

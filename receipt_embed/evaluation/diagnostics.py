@@ -85,16 +85,21 @@ def similarity_quantiles(x: np.ndarray, labels: np.ndarray, max_items: int = 204
     return {"positive": describe(positives), "negative": describe(negatives)}
 
 
-def embedding_diagnostics(embeddings: np.ndarray, labels) -> dict:
+def embedding_diagnostics(embeddings: np.ndarray, labels, max_items: int | None = None, seed: int = 0) -> dict:
+    """All diagnostics; uniformity and effective rank (O(N^2), O(N d^2)) on a seeded subset
+    of ``max_items`` items when there are more (alignment and std always use every item)."""
     labels = np.asarray(labels)
     x = l2_normalise(embeddings)
     i, j = positive_pairs(labels)
     alignment = float(((x[i] - x[j]) ** 2).sum(axis=1).mean()) if len(i) else None
     std = x.std(axis=0)
+    sample = x
+    if max_items is not None and len(x) > max_items:
+        sample = x[np.sort(np.random.default_rng(seed).choice(len(x), max_items, replace=False))]
     return {
         "alignment": alignment,
-        "uniformity": uniformity(x),
-        "effective_rank": effective_rank(x),
+        "uniformity": uniformity(sample),
+        "effective_rank": effective_rank(sample),
         "min_dim_std": float(std.min()),
         "mean_dim_std": float(std.mean()),
         "similarity": similarity_quantiles(x, labels),

@@ -53,18 +53,29 @@ def retrieval_metrics(embeddings: np.ndarray, labels, ks=(1, 5, 10), with_map: b
     return result
 
 
-def mean_average_precision(embeddings: np.ndarray, labels: np.ndarray, queries: np.ndarray, chunk: int = 1024) -> float:
-    """mAP over the full ranking of all other items, in chunks of queries."""
+def mean_average_precision(embeddings: np.ndarray, labels: np.ndarray, queries: np.ndarray, chunk: int = 256) -> float:
+    """mAP over the full ranking of all other items, without sorting it.
+
+    A positive's rank is one plus the number of items scored above it (ties broken by row
+    order, as a stable sort would), so each query costs one pass over the similarities per
+    positive, O(N x positives) instead of an O(N log N) sort: 1e5 items stay affordable."""
     x = l2_normalise(embeddings)
+    labels = np.asarray(labels)
+    members: dict = {}
+    for row, label in enumerate(labels.tolist()):
+        members.setdefault(label, []).append(row)
     query_ids = np.flatnonzero(queries)
     total = 0.0
+    columns = np.arange(len(x))
     for start in range(0, len(query_ids), chunk):
         rows = query_ids[start : start + chunk]
         sims = x[rows] @ x.T
-        sims[np.arange(len(rows)), rows] = -np.inf
-        order = np.argsort(-sims, axis=1, kind="stable")[:, :-1]  # self ranks last
-        relevant = labels[order] == labels[rows][:, None]
-        ranks = np.arange(1, relevant.shape[1] + 1)
-        precision = np.cumsum(relevant, axis=1) / ranks
-        total += float(((precision * relevant).sum(axis=1) / relevant.sum(axis=1)).sum())
+        sims[np.arange(len(rows)), rows] = -np.inf  # the query itself ranks last
+        for r, row in enumerate(rows):
+            positives = np.array([m for m in members[labels[row]] if m != row])
+            scores = sims[r]
+            ranks = np.array([1 + np.count_nonzero(scores > scores[p])
+                              + np.count_nonzero((scores == scores[p]) & (columns < p)) for p in positives])
+            ranks.sort()
+            total += float(np.mean(np.arange(1, len(ranks) + 1) / ranks))
     return total / len(query_ids)

@@ -36,6 +36,10 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
     captures = select_split(load_dataset_dir(data_dir), split)
     if not len(captures):
         raise ValueError(f"{data_dir} has no captures in split {split!r}")
+    gone = [path for path in captures.paths if not Path(path).is_file()]
+    if gone:
+        raise FileNotFoundError(f"{len(gone)} captures listed in {Path(data_dir) / 'manifest.jsonl'} are missing, "
+                                f"first {gone[0]}; were they moved since `receipt-embed ingest`? Re-run it")
     source = {**checkpoint_source(checkpoint), "dataset": str(Path(data_dir).resolve()), "split": split}
     loaded = load_model(checkpoint, registry)
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
@@ -81,21 +85,30 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     """A (N, D) array from .npy; non-numeric, non-finite or all-zero rows are named."""
     path = Path(path)
     try:
-        array = np.load(path, allow_pickle=False)
+        with open(path, "rb") as handle:
+            magic = handle.read(6)
     except FileNotFoundError:
         raise FileNotFoundError(f"embeddings file not found: {path}") from None
+    if magic.startswith(b"PK"):
+        raise ValueError(f"{path}: expected a single .npy array, got an .npz archive (save one array with numpy.save)")
+    if magic != b"\x93NUMPY":
+        raise ValueError(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
+    try:
+        array = np.load(path, allow_pickle=False)
     except ValueError as exc:
-        raise ValueError(f"{path}: not a .npy array without pickled objects ({exc})") from None
-    if isinstance(array, np.lib.npyio.NpzFile) or not isinstance(array, np.ndarray):
-        raise ValueError(f"{path}: expected a single .npy array, got an .npz archive")
+        reason = "it holds Python objects, not numbers" if "pickle" in str(exc) else str(exc)
+        raise ValueError(f"{path}: cannot be read as a numeric array: {reason}") from None
     if array.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D array (items x dims), got shape {array.shape}")
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
         raise ValueError(f"{path}: expected real numbers, got dtype {array.dtype}")
-    array = array.astype(np.float32)
     bad = np.flatnonzero(~np.isfinite(array).all(axis=1))
     if len(bad):
         raise ValueError(f"{path}: row {bad[0]} (0-based) holds NaN or Inf ({len(bad)} such rows)")
+    huge = np.flatnonzero((np.abs(array) > np.finfo(np.float32).max).any(axis=1))
+    if len(huge):
+        raise ValueError(f"{path}: row {huge[0]} (0-based) holds values beyond float32 range ({len(huge)} such rows)")
+    array = array.astype(np.float32)
     zero = np.flatnonzero(np.linalg.norm(array, axis=1) == 0)
     if len(zero):
         raise ValueError(f"{path}: row {zero[0]} (0-based) is all zeros and has no direction ({len(zero)} such rows)")

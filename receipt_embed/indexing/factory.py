@@ -10,6 +10,7 @@ the target. The chosen parameters and the measured recall are what ``index.json`
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ KNOBS = {
     "efSearch": (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
 }
 
-PLATEAU = 0.005  # a costlier search setting must gain at least this much recall@10
+PLATEAU = 0.1  # a costlier setting must close at least this share of the gap to the target
 
 
 class IndexBuildError(ValueError):
@@ -65,34 +66,79 @@ def nlist_of(index) -> int | None:
         return None
 
 
-def _train(index, vectors: np.ndarray, train_size: int | None, seed: int) -> int:
+def _parts(index) -> list:
+    """The index and the sub-indexes training looks at (IVF, refine base), downcast."""
+    import faiss
+
+    parts, seen = [], set()
+    stack = [index]
+    while stack:
+        part = faiss.downcast_index(stack.pop())
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        parts.append(part)
+        for attr in ("base_index", "index"):
+            child = getattr(part, attr, None)
+            if child is not None and hasattr(child, "ntotal"):
+                stack.append(child)
+    try:
+        parts.append(faiss.downcast_index(faiss.extract_index_ivf(index)))
+    except (RuntimeError, ValueError):
+        pass
+    return parts
+
+
+def _check_training_size(index, factory: str, size: int, n: int) -> None:
+    """Clear errors for samples too small to train, our own warnings for thin ones (FAISS's
+    C++ warnings, printed even with --quiet, are switched off)."""
+    noun = f"{size} training vectors" + (f" (sampled from {n})" if size < n else "")
+    for part in _parts(index):
+        nlist = getattr(part, "nlist", None)
+        if isinstance(nlist, int) and hasattr(part, "cp"):
+            if size < nlist:
+                raise IndexBuildError(f"{factory}: cannot train {nlist} IVF lists on {noun}; use fewer lists "
+                                      f"(e.g. IVF{max(1, size // 39)}) or Flat")
+            if size < 39 * nlist:
+                warnings.warn(f"{factory}: {noun} for {nlist} IVF lists; FAISS advises at least {39 * nlist}")
+            part.cp.min_points_per_centroid = 1
+        pq = getattr(part, "pq", None)
+        if pq is not None and hasattr(pq, "ksub"):
+            if size < pq.ksub:
+                raise IndexBuildError(f"{factory}: product quantization with {pq.ksub}-entry codebooks needs at least "
+                                      f"{pq.ksub} training vectors, got {noun}; use Flat, HNSW32 or an SQ8 index")
+            if size < 39 * pq.ksub:
+                warnings.warn(f"{factory}: {noun} for {pq.ksub}-entry PQ codebooks; FAISS advises at least {39 * pq.ksub}")
+            pq.cp.min_points_per_centroid = 1
+
+
+def _train(index, factory: str, vectors: np.ndarray, train_size: int | None, seed: int) -> int:
     if index.is_trained:
         return 0
     n = len(vectors)
-    nlist = nlist_of(index)
-    if nlist is not None and n < nlist:
-        raise IndexBuildError(f"cannot train {nlist} IVF lists on {n} vectors; use fewer lists (e.g. IVF{max(1, n // 39)}) or Flat")
-    _skip_polysemous_training(index)
     size = n if train_size is None else min(n, train_size)
+    _check_training_size(index, factory, size, n)
+    _skip_polysemous_training(index)
     rows = np.sort(np.random.default_rng(seed).choice(n, size, replace=False)) if size < n else slice(None)
     try:
         index.train(np.ascontiguousarray(vectors[rows]))
     except RuntimeError as exc:
-        raise IndexBuildError(f"training the index failed on {size} vectors: {str(exc).strip().splitlines()[-1]}") from None
+        raise IndexBuildError(f"training {factory} failed on {size} vectors: {_faiss_reason(exc)}") from None
     return size
+
+
+def _faiss_reason(exc: Exception) -> str:
+    """The human part of a FAISS exception (its text starts with a C++ source location)."""
+    text = str(exc).strip().splitlines()
+    reason = text[-1] if text else type(exc).__name__
+    return reason.split("' failed: ")[-1] if "' failed: " in reason else reason
 
 
 def _skip_polysemous_training(index) -> None:
     """PQ codes' polysemous training (for Hamming pre-filtering, which we never switch on)
     costs minutes; it is FAISS's default for PQ indexes built by the factory."""
-    import faiss
-
-    try:
-        ivf = faiss.extract_index_ivf(index)
-    except (RuntimeError, ValueError):
-        ivf = None
-    for part in (faiss.downcast_index(index), ivf and faiss.downcast_index(ivf)):
-        if part is not None and hasattr(part, "do_polysemous_training"):
+    for part in _parts(index):
+        if hasattr(part, "do_polysemous_training"):
             part.do_polysemous_training = False
 
 
@@ -157,7 +203,7 @@ def build_index(vectors: np.ndarray, factory: str = "Flat", *, train_size: int |
     if factory.replace(" ", "") in EXACT_FACTORIES:
         index.add(vectors)
         return BuiltIndex(index, factory, True, "", None, 0, 0, round(time.perf_counter() - started, 3))
-    trained_on = _train(index, vectors, train_size, seed)
+    trained_on = _train(index, factory, vectors, train_size, seed)
     if trained_on:
         log(f"trained {factory} on {trained_on} vectors")
     index.add(vectors)
@@ -165,7 +211,6 @@ def build_index(vectors: np.ndarray, factory: str = "Flat", *, train_size: int |
     k = min(10, n)
     queries = np.random.default_rng(seed + 1).choice(n, min(n, recall_queries), replace=False)
     truth = exact_neighbours(vectors, vectors[queries], k)
-    params, recall = "", 0.0
     best: tuple[str, float] = ("", -1.0)
     for group in search_candidates(index):
         previous_best = best
@@ -179,11 +224,17 @@ def build_index(vectors: np.ndarray, factory: str = "Flat", *, train_size: int |
                 break
         if best[1] >= target_recall:
             break
-        if previous_best[1] >= 0 and best[1] - previous_best[1] < PLATEAU:
-            best = previous_best  # the codes, not the search, limit recall: keep the cheaper setting
-            log(f"recall stopped rising below the target {target_recall}; keeping {best[0]}")
+        gain = best[1] - previous_best[1]
+        if previous_best[1] >= 0 and gain < PLATEAU * (target_recall - previous_best[1]):
+            # doubling the search cost closed under a tenth of the gap: the codes limit recall
+            log(f"recall rose only {gain:.3f} ({previous_best[0]} -> {best[0]}); keeping the cheaper {previous_best[0]}")
+            best = previous_best
             break
     params, recall = best
     set_search_params(index, params)
+    if recall < target_recall:
+        warnings.warn(f"{factory}: recall@{k} {recall:.3f} against exact search stays below the target {target_recall}"
+                      + (f" at the best setting ({params})" if params else " (it has no search parameter to raise)")
+                      + "; finer codes (more PQ bytes, a Refine(SQ8) stage) or Flat/HNSW raise it")
     return BuiltIndex(index, factory, False, params, round(recall, 4), len(queries), trained_on,
                       round(built - started, 3), round(time.perf_counter() - built, 3))

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,18 +54,13 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
 
 
 def _write_faiss(index, path: Path) -> None:
+    """Stream the index into an atomic write (no second in-memory copy of a large index)."""
     import faiss
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        faiss.write_index(index, tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as handle:
+        writer = faiss.PyCallbackIOWriter(handle.write)
+        faiss.write_index(index, writer)
+        del writer  # flushes FAISS's buffer into the handle
 
 
 def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
@@ -111,8 +104,10 @@ def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[
 def read_meta(path: str | Path) -> dict:
     path = Path(path)
     meta_path = path / META_FILE
+    if not path.exists():
+        raise IndexDirError(f"index dir {path} does not exist; build one with `receipt-embed index`")
     if not path.is_dir():
-        raise IndexDirError(f"{path} is not a directory; build one with `receipt-embed index`")
+        raise IndexDirError(f"{path} is not a directory; an index dir is what `receipt-embed index --out` writes")
     if not meta_path.is_file():
         raise IndexDirError(f"{meta_path} not found: {path} is not a complete index dir (was `receipt-embed index` interrupted?)")
     try:
@@ -120,8 +115,11 @@ def read_meta(path: str | Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise IndexDirError(f"{meta_path} is not valid JSON: {exc}") from None
     missing = [key for key in ("count", "dim", "factory", "files", "source") if key not in meta]
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    wanted = {"checkpoint": ("checkpoint", "checkpoint_sha256"), "embeddings": ("embeddings", "embeddings_sha256")}
+    missing += [f"source.{key}" for key in wanted.get(source.get("kind"), ("kind",)) if key not in source]
     if missing:
-        raise IndexDirError(f"{meta_path} lacks {', '.join(missing)}")
+        raise IndexDirError(f"{meta_path} lacks {', '.join(missing)}: rebuild the index with `receipt-embed index`")
     return meta
 
 
@@ -171,5 +169,9 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
         problems.append(f"{EMBEDDINGS_FILE} has shape {embeddings.shape}")
     if problems:
         raise IndexDirError(f"{path}: index.json records {count} items of dim {dim}, but " + "; ".join(problems))
-    set_search_params(index, meta.get("search_params", ""))
+    try:
+        set_search_params(index, meta.get("search_params") or "")
+    except RuntimeError as exc:
+        raise IndexDirError(f"{path / META_FILE}: search_params {meta.get('search_params')!r} do not apply to a "
+                            f"{meta['factory']} index ({str(exc).strip().splitlines()[-1]})") from None
     return IndexDir(path, index, items, embeddings, meta)

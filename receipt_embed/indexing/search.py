@@ -14,6 +14,10 @@ import numpy as np
 
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
 
+# float32 cosine similarities of identical vectors can land a hair under 1.0: thresholds
+# are compared with this tolerance, so T = 1 finds exact duplicates in both search modes
+SIMILARITY_TOLERANCE = 1e-6
+
 PAIR_COLUMNS = ("row_a", "row_b", "similarity", "same_receipt", "receipt_id_a", "receipt_id_b",
                 "device_a", "device_b", "path_a", "path_b")
 
@@ -29,8 +33,10 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
     recorded = Path(source["checkpoint"])
     path = Path(override) if override else recorded
     if not path.is_file():
-        hint = "" if override else "; pass --checkpoint PATH if it moved"
-        raise IndexDirError(f"checkpoint {path} not found: {index_dir.path} was built with it{hint}")
+        if override:
+            raise IndexDirError(f"checkpoint {path} not found")
+        raise IndexDirError(f"checkpoint {path} not found: {index_dir.path} was built with it; "
+                            "pass --checkpoint PATH if it moved")
     if sha256_file(path) != source["checkpoint_sha256"]:
         raise IndexDirError(
             f"checkpoint {path} is not the one that built {index_dir.path} (sha256 differs from index.json): "
@@ -40,19 +46,24 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
 
 
 def check_queries(paths: list[str], max_pixels: int) -> list[str]:
-    """Each query decodes (else ImageRejected naming it); returns each file's sha256."""
-    from receipt_embed.images import decode_image
+    """Every query decodes, else one error listing each bad one; returns each file's sha256."""
+    from receipt_embed.images import ImageRejected, decode_image
 
-    digests = []
+    digests, problems = [], []
     for path in paths:
         try:
             data = Path(path).read_bytes()
+            decode_image(data, max_pixels, name=str(path))
+            digests.append(hashlib.sha256(data).hexdigest())
         except FileNotFoundError:
-            raise FileNotFoundError(f"query image not found: {path}") from None
+            problems.append(f"{path}: not found")
         except IsADirectoryError:
-            raise ValueError(f"query {path} is a directory, not an image") from None
-        decode_image(data, max_pixels, name=str(path))
-        digests.append(hashlib.sha256(data).hexdigest())
+            problems.append(f"{path}: a directory, not an image")
+        except ImageRejected as exc:
+            problems.append(exc.detail)
+    if problems:
+        raise ValueError(f"{len(problems)} of {len(paths)} query images cannot be used (no search was run):\n  "
+                         + "\n  ".join(problems))
     return digests
 
 
@@ -86,7 +97,7 @@ def search_images(index_dir: IndexDir, images: list[str], registry, *, k: int = 
                          "same_file": item.get("sha256") == digest})
         result = {"query": str(path), "neighbours": hits}
         if threshold is not None:
-            match = hits[0] if hits and hits[0]["similarity"] >= threshold else None
+            match = hits[0] if hits and float(row_sims[0]) >= threshold - SIMILARITY_TOLERANCE else None
             result["duplicate"] = match is not None
             result["match"] = match
         results.append(result)
@@ -94,7 +105,8 @@ def search_images(index_dir: IndexDir, images: list[str], registry, *, k: int = 
 
 
 def all_pairs(embeddings: np.ndarray, threshold: float, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every pair (i < j) with cosine similarity >= threshold, by exact FAISS range search.
+    """Every pair (i < j) with cosine similarity >= threshold (less SIMILARITY_TOLERANCE), by
+    exact FAISS range search.
 
     Runs over the exact stored vectors (not an approximate index's lossy codes), in chunks
     of queries so memory stays bounded. Returns rows a, rows b and similarities, sorted by
@@ -104,8 +116,8 @@ def all_pairs(embeddings: np.ndarray, threshold: float, chunk: int = 4096) -> tu
     vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
     flat = faiss.IndexFlatIP(vectors.shape[1])
     flat.add(vectors)
-    # FAISS keeps scores strictly above the radius; step just below so ">= threshold" holds
-    radius = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
+    # FAISS keeps scores strictly above the radius
+    radius = float(threshold - SIMILARITY_TOLERANCE)
     rows_a, rows_b, sims = [], [], []
     for start in range(0, len(vectors), chunk):
         lims, scores, ids = flat.range_search(vectors[start : start + chunk], radius)

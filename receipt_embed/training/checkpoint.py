@@ -8,8 +8,6 @@ queue), the momentum encoder when used, partial epoch sums, and the resolved con
 from __future__ import annotations
 
 import io
-import pickle
-import zipfile
 from pathlib import Path
 
 import torch
@@ -39,10 +37,18 @@ def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head[:2] != b"PK":  # torch.save writes a zip archive
+        what = "an empty file" if not head else "not a zip archive as torch.save writes"
+        raise CheckpointError(f"{path} is not a checkpoint: {what}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {exc}") from None
+    except Exception as exc:  # torch raises many types for damaged archives; none may escape as a crash
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "weights_only" in reason or "Weights only load failed" in reason:
+            reason = "it holds objects that a safe (weights_only) load refuses"
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {reason}") from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a receipt-embed checkpoint (format version {FORMAT_VERSION})")
     return state

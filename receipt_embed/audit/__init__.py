@@ -1,0 +1,1 @@
+"""The shortcut audit: figures, report."""

@@ -1,0 +1,186 @@
+"""The figures of a shortcut audit: does the space find a receipt's other captures, and does
+it cluster by capture metadata (device, merchant, ...) more than chance?
+
+- retrieval: leave-one-out recall@1/5/10 and mAP over identities with 2+ captures, and per
+  attribute a *cross-attribute* recall@1: same-identity items that share the query's value
+  are removed from the candidates, so the hit must come from another device (the hard,
+  realistic case of a receipt photographed on one phone and resubmitted from another).
+- shortcuts per attribute: kNN agreement among other-identity neighbours against its chance
+  base rate (lift), and a frozen linear probe (logistic regression, train/test split grouped
+  by identity) against the majority-class chance. ``flagged`` follows :class:`FlagRule`.
+- similarity: cosine means and quantiles of positives, negatives, and negatives that share
+  or do not share the attribute value.
+- diagnostics: alignment, uniformity, effective rank, per-dimension std (collapse).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from receipt_embed.evaluation.diagnostics import QUANTILES, embedding_diagnostics
+from receipt_embed.evaluation.retrieval import l2_normalise, retrieval_metrics
+from receipt_embed.evaluation.shortcuts import attribute_lift
+
+
+MAX_PAIRWISE_ITEMS = 20_000  # uniformity and effective rank on a seeded subset above this
+MAX_PROBE_ITEMS = 20_000  # the linear probe trains on the captures of a subset of identities above this
+
+
+@dataclass(frozen=True)
+class FlagRule:
+    """An attribute is flagged as a shortcut when either test fires.
+
+    max_lift: kNN agreement among other-receipt neighbours above this multiple of chance,
+    and at least min_z standard errors above chance (so a handful of items cannot flag by luck).
+    max_probe_gain: the linear probe's accuracy gain over majority-class chance, as a share of
+    the possible gain, (accuracy - chance) / (1 - chance), above this value, measured on at
+    least min_probe_items held-out items."""
+
+    max_lift: float = 1.3
+    max_probe_gain: float = 0.5
+    min_z: float = 3.0
+    min_probe_items: int = 20
+
+
+def cross_attribute_recall(x: np.ndarray, labels: np.ndarray, values: np.ndarray) -> dict:
+    """recall@1 when same-identity items with the query's own attribute value are excluded."""
+    import faiss
+
+    same = {}
+    for i, key in enumerate(zip(labels.tolist(), values.tolist())):
+        same.setdefault(key, []).append(i)
+    by_label = {}
+    for i, label in enumerate(labels.tolist()):
+        by_label.setdefault(label, set()).add(values[i])
+    queries = np.array([len(by_label[label]) > 1 for label in labels.tolist()])
+    if not queries.any():
+        return {"recall_at_1": None, "n_queries": 0}
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    skip = max(len(group) for group in same.values())  # the query and its same-value twins
+    _, ids = index.search(x[queries], min(len(x), skip + 1))
+    hits = []
+    for row, neighbours in zip(np.flatnonzero(queries), ids):
+        excluded = set(same[(labels[row], values[row])])
+        first = next((j for j in neighbours if j >= 0 and j not in excluded), None)
+        hits.append(first is not None and labels[first] == labels[row])
+    return {"recall_at_1": float(np.mean(hits)), "n_queries": int(queries.sum())}
+
+
+def linear_probe(x: np.ndarray, labels: np.ndarray, values: np.ndarray, seed: int = 0,
+                 test_size: float = 0.3) -> dict:
+    """Logistic-regression accuracy at predicting the attribute on held-out *identities*."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GroupShuffleSplit
+
+    if len(set(values.tolist())) < 2 or len(set(labels.tolist())) < 4:
+        return {"probe_accuracy": None, "probe_chance": None, "probe_test_items": 0}
+    if len(x) > MAX_PROBE_ITEMS:  # whole identities, so the grouped split stays honest
+        identities = np.unique(labels)
+        rng = np.random.default_rng(seed)
+        keep_ids = rng.choice(identities, max(4, int(len(identities) * MAX_PROBE_ITEMS / len(x))), replace=False)
+        keep = np.isin(labels, keep_ids)
+        x, labels, values = x[keep], labels[keep], values[keep]
+    train, test = next(GroupShuffleSplit(1, test_size=test_size, random_state=seed).split(x, values, labels))
+    classes, counts = np.unique(values[train], return_counts=True)
+    majority = classes[np.argmax(counts)]
+    chance = float(np.mean(values[test] == majority))
+    if len(classes) < 2:
+        return {"probe_accuracy": chance, "probe_chance": chance, "probe_test_items": int(len(test))}
+    probe = LogisticRegression(max_iter=2000).fit(x[train], values[train])
+    accuracy = float(np.mean(probe.predict(x[test]) == values[test]))
+    return {"probe_accuracy": accuracy, "probe_chance": chance, "probe_test_items": int(len(test))}
+
+
+def _describe(values: np.ndarray) -> dict:
+    if not len(values):
+        return {"mean": None, **{f"q{int(q * 100):02d}": None for q in QUANTILES}}
+    return {"mean": float(values.mean()), **{f"q{int(q * 100):02d}": float(np.quantile(values, q)) for q in QUANTILES}}
+
+
+def similarity_figures(x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int = 4000,
+                       seed: int = 0) -> dict:
+    """Cosine similarities of all pairs among at most ``max_items`` items (seeded subset)."""
+    subset = np.arange(len(x))
+    if len(x) > max_items:
+        subset = np.sort(np.random.default_rng(seed).choice(len(x), max_items, replace=False))
+    sims = x[subset] @ x[subset].T
+    upper = np.triu(np.ones_like(sims, dtype=bool), k=1)
+    same_label = labels[subset][:, None] == labels[subset][None, :]
+    same_value = values[subset][:, None] == values[subset][None, :]
+    return {
+        "positive": _describe(sims[upper & same_label]),
+        "negative": _describe(sims[upper & ~same_label]),
+        "same_attr_negative": _describe(sims[upper & ~same_label & same_value]),
+        "cross_attr_negative": _describe(sims[upper & ~same_label & ~same_value]),
+    }
+
+
+def flag(figures: dict, rule: FlagRule, n_items: int) -> tuple[bool, list[str]]:
+    """Apply the rule; also records ``lift_z`` and ``probe_gain`` in ``figures``."""
+    reasons = []
+    agreement, base = figures["knn_agreement"], figures["base_rate"]
+    if figures["lift"] is not None and 0 < base < 1:
+        # binomial standard error of the agreement over n_items x k neighbour slots
+        z = (agreement - base) / math.sqrt(base * (1 - base) / (n_items * figures["k"]))
+        figures["lift_z"] = z
+        if figures["lift"] > rule.max_lift and z >= rule.min_z:
+            reasons.append(f"kNN lift {figures['lift']:.2f} > {rule.max_lift}, {z:.1f} standard errors above chance")
+    accuracy, chance = figures["probe_accuracy"], figures["probe_chance"]
+    if accuracy is not None and chance is not None and chance < 1:
+        gain = (accuracy - chance) / (1 - chance)
+        figures["probe_gain"] = gain
+        if gain > rule.max_probe_gain and figures["probe_test_items"] >= rule.min_probe_items:
+            reasons.append(f"probe gain {gain:.2f} > {rule.max_probe_gain}")
+    return bool(reasons), reasons
+
+
+def audit_figures(embeddings: np.ndarray, items: list[dict], attributes: list[str], k: int = 10,
+                  rule: FlagRule = FlagRule(), seed: int = 0) -> dict:
+    """Every figure of ``audit.json`` for L2-normalisable ``embeddings`` row-aligned with ``items``."""
+    missing = [(a, i) for a in attributes for i, item in enumerate(items) if item.get(a) in (None, "")]
+    if missing:
+        attribute, row = missing[0]
+        raise ValueError(f"attribute {attribute!r} is missing at item {row} (and {len(missing) - 1} more); "
+                         f"columns present: {', '.join(sorted(items[row]))}")
+    x = l2_normalise(embeddings)
+    receipt_ids = [str(item["receipt_id"]) for item in items]
+    identities = {receipt_id: i for i, receipt_id in enumerate(sorted(set(receipt_ids)))}
+    labels = np.array([identities[r] for r in receipt_ids])
+    retrieval = retrieval_metrics(x, labels, ks=(1, 5, 10))
+    retrieval["cross_attribute"] = {}
+    shortcuts, similarity_by_attribute = {}, {}
+    for attribute in attributes:
+        values = np.array([str(item[attribute]) for item in items])
+        retrieval["cross_attribute"][attribute] = cross_attribute_recall(x, labels, values)
+        figures = {**attribute_lift(x, labels, values, k=k), **linear_probe(x, labels, values, seed=seed)}
+        figures["n_values"] = len(set(values.tolist()))
+        figures["flagged"], figures["reasons"] = flag(figures, rule, len(items))
+        shortcuts[attribute] = figures
+        similarity_by_attribute[attribute] = similarity_figures(x, labels, values, seed=seed)
+    diagnostics = embedding_diagnostics(x, labels, max_items=MAX_PAIRWISE_ITEMS, seed=seed)
+    diagnostics.pop("similarity", None)
+    diagnostics["pairwise_items"] = min(len(x), MAX_PAIRWISE_ITEMS)  # uniformity, effective rank
+    first = similarity_by_attribute[attributes[0]] if attributes else similarity_figures(x, labels, labels, seed=seed)
+    similarity = {
+        "positive_mean": first["positive"]["mean"],
+        "negative_mean": first["negative"]["mean"],
+        "same_attr_negative_mean": first["same_attr_negative"]["mean"] if attributes else None,
+        "cross_attr_negative_mean": first["cross_attr_negative"]["mean"] if attributes else None,
+        "attribute": attributes[0] if attributes else None,
+        "by_attribute": similarity_by_attribute,
+    }
+    return {
+        "n_items": len(items),
+        "n_identities": len(identities),
+        "k": k,
+        "rule": asdict(rule),
+        "retrieval": retrieval,
+        "shortcuts": shortcuts,
+        "similarity": similarity,
+        "diagnostics": diagnostics,
+        "flagged": [a for a in attributes if shortcuts[a]["flagged"]],
+    }

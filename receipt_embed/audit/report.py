@@ -1,0 +1,158 @@
+"""The audit's HTML report: one self-contained file (plots and thumbnails inlined as data
+URIs), so it can be mailed, attached to a CI run or opened offline.
+
+Plots are matplotlib (Agg backend, no display needed); the page is a jinja2 template with
+autoescaping, so metadata from a manifest can never inject markup.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from importlib import resources
+
+import numpy as np
+
+MAX_PROJECTED = 3000  # points in the 2-D projection plots
+MAX_COLOURED_IDENTITIES = 12
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=96, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _figure(width=6.0, height=3.6):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def similarity_histogram(x: np.ndarray, labels: np.ndarray, values: np.ndarray, attribute: str,
+                         max_items: int = 3000, seed: int = 0) -> str:
+    """Positives against negatives, negatives split by same / other attribute value."""
+    subset = np.arange(len(x))
+    if len(x) > max_items:
+        subset = np.sort(np.random.default_rng(seed).choice(len(x), max_items, replace=False))
+    sims = x[subset] @ x[subset].T
+    upper = np.triu(np.ones_like(sims, dtype=bool), k=1)
+    same_label = labels[subset][:, None] == labels[subset][None, :]
+    same_value = values[subset][:, None] == values[subset][None, :]
+    fig, ax = _figure()
+    bins = np.linspace(-1, 1, 81)
+    for mask, name, colour in (
+        (upper & same_label, "positives (same receipt)", "tab:green"),
+        (upper & ~same_label & same_value, f"negatives, same {attribute}", "tab:red"),
+        (upper & ~same_label & ~same_value, f"negatives, other {attribute}", "tab:blue"),
+    ):
+        if mask.any():
+            ax.hist(sims[mask], bins=bins, density=True, histtype="stepfilled", alpha=0.4, color=colour, label=name)
+    ax.set_xlabel("cosine similarity")
+    ax.set_ylabel("density")
+    ax.set_title(f"Similarity of pairs, split by {attribute}")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def agreement_bars(shortcuts: dict) -> str:
+    """Per attribute: kNN agreement among other-receipt neighbours next to its chance rate."""
+    names = list(shortcuts)
+    fig, ax = _figure(max(4.0, 1.4 * len(names) + 2), 3.4)
+    positions = np.arange(len(names))
+    ax.bar(positions - 0.2, [shortcuts[n]["knn_agreement"] for n in names], 0.4, label="kNN agreement", color="tab:red")
+    ax.bar(positions + 0.2, [shortcuts[n]["base_rate"] for n in names], 0.4, label="chance", color="tab:gray")
+    ax.set_xticks(positions, [f"{n}\nlift {shortcuts[n]['lift']:.2f}" if shortcuts[n]["lift"] else n for n in names])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of other-receipt neighbours\nwith the same value")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def projection(x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: str, seed: int = 0,
+               identities: bool = False) -> str:
+    """PCA to 2-D, coloured by an attribute, or by a dozen identities (the rest grey)."""
+    from sklearn.decomposition import PCA
+
+    subset = np.arange(len(x))
+    if len(x) > MAX_PROJECTED:
+        subset = np.sort(np.random.default_rng(seed).choice(len(x), MAX_PROJECTED, replace=False))
+    points = PCA(n_components=2, random_state=seed).fit_transform(x[subset]) if x.shape[1] >= 2 else np.c_[x[subset], 0 * x[subset]]
+    fig, ax = _figure(5.2, 4.2)
+    colours = colour_by[subset]
+    if identities:
+        counts = np.unique(labels[subset], return_counts=True)
+        multi = counts[0][counts[1] > 1]
+        shown = set(np.random.default_rng(seed).choice(multi, min(len(multi), MAX_COLOURED_IDENTITIES), replace=False).tolist()) if len(multi) else set()
+        rest = np.array([label not in shown for label in labels[subset]])
+        ax.scatter(points[rest, 0], points[rest, 1], s=6, color="lightgray")
+        for k, label in enumerate(sorted(shown)):
+            mask = labels[subset] == label
+            ax.scatter(points[mask, 0], points[mask, 1], s=18, color=f"C{k % 10}", marker="os^D"[k // 10 % 4])
+    else:
+        for k, value in enumerate(sorted(set(colours.tolist()))[:20]):
+            mask = colours == value
+            ax.scatter(points[mask, 0], points[mask, 1], s=8, color=f"C{k % 10}", label=str(value)[:24])
+        ax.legend(fontsize=7, markerscale=1.5, loc="best")
+    ax.set_title(title)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return _png(fig)
+
+
+def thumbnail(path: str | None, size=(160, 80)) -> str | None:
+    """A small JPEG data URI of a capture, or None when the file is gone or unreadable."""
+    if not path:
+        return None
+    from PIL import Image
+
+    from receipt_embed.images import load_resized
+
+    try:
+        image = Image.fromarray(load_resized(path, size))
+    except (OSError, ValueError):
+        return None
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def worst_failures(x: np.ndarray, labels: np.ndarray, count: int = 8) -> list[dict]:
+    """Queries whose nearest neighbour is another receipt, worst first: by how far that
+    wrong neighbour outranks the query's best true positive."""
+    n = len(x)
+    has_positive = np.bincount(labels)[labels] > 1
+    members: dict = {}
+    for row, label in enumerate(labels.tolist()):
+        members.setdefault(label, []).append(row)
+    found = []
+    for start in range(0, n, 1024):
+        rows = np.arange(start, min(n, start + 1024))
+        sims = x[rows] @ x.T
+        sims[np.arange(len(rows)), rows] = -np.inf
+        top = sims.argmax(axis=1)
+        for r, row in enumerate(rows):
+            if not has_positive[row] or labels[top[r]] == labels[row]:
+                continue
+            positives = np.array([m for m in members[labels[row]] if m != row])
+            best = positives[np.argmax(sims[r, positives])]
+            rank = int((sims[r] > sims[r, best]).sum()) + 1
+            found.append({"query": int(row), "wrong": int(top[r]), "wrong_similarity": float(sims[r, top[r]]),
+                          "positive": int(best), "positive_similarity": float(sims[r, best]), "positive_rank": rank})
+    found.sort(key=lambda f: f["positive_similarity"] - f["wrong_similarity"])
+    return found[:count]
+
+
+def render_html(context: dict) -> str:
+    import jinja2
+
+    template = resources.files("receipt_embed").joinpath("templates/audit.html.j2").read_text(encoding="utf-8")
+    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    environment.filters["num"] = lambda v, digits=3: "-" if v is None else f"{v:.{digits}f}"
+    return environment.from_string(template).render(**context)

@@ -1,0 +1,49 @@
+"""``receipt-embed audit-shortcuts``: retrieval and metadata-shortcut audit of an index dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from receipt_embed.cli.options import InputError
+
+
+@click.command("audit-shortcuts")
+@click.argument("index_dir", type=click.Path(file_okay=False))
+@click.option("--attribute", "attributes", multiple=True, default=("device",), show_default=True,
+              help="Metadata column to test as a shortcut (repeatable), e.g. --attribute device --attribute merchant.")
+@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Neighbours per item for the kNN agreement.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Report dir for audit.json and audit.html [INDEX_DIR/audit].")
+@click.option("--max-lift", type=click.FloatRange(min=1.0), default=1.3, show_default=True,
+              help="Flag an attribute whose kNN agreement exceeds this multiple of chance.")
+@click.option("--max-probe-gain", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Flag an attribute a linear probe predicts with (accuracy - chance) / (1 - chance) above this.")
+@click.option("--min-z", type=click.FloatRange(min=0), default=3.0, show_default=True,
+              help="The lift test also needs the agreement this many standard errors above chance.")
+@click.option("--gallery", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Worst retrieval failures shown with thumbnails.")
+@click.option("--fail-on-shortcut", is_flag=True, help="Exit with code 1 when any attribute is flagged (for CI gates).")
+@click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
+def audit_shortcuts(index_dir, attributes, k, out_dir, max_lift, max_probe_gain, min_z, gallery, fail_on_shortcut,
+                    quiet):
+    """Does the embedding find a receipt's other captures, and does it cluster by capture
+    metadata (device, merchant, ...) more than chance? Writes audit.json and a
+    self-contained audit.html."""
+    from receipt_embed.audit.figures import FlagRule
+    from receipt_embed.audit.run import run_audit, summary
+    from receipt_embed.indexing import IndexDirError
+
+    out = Path(out_dir) if out_dir else Path(index_dir) / "audit"
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    try:
+        figures = run_audit(index_dir, list(dict.fromkeys(attributes)), out, k=k,
+                            rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery, log=log)
+    except (IndexDirError, OSError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    click.echo(summary(figures))
+    click.echo(f"Report: {out / 'audit.html'} (figures in {out / 'audit.json'})")
+    if fail_on_shortcut and figures["flagged"]:
+        raise SystemExit(1)

@@ -23,7 +23,8 @@ PAGE_FACTS = """JSON.stringify({
 
 def main(path: str, timeout_ms: int = 60000) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    os.environ.setdefault("QTWEBENGINE_CHROMIUM_FLAGS", "--no-sandbox --disable-gpu --disable-logging")
+    os.environ.setdefault("QTWEBENGINE_CHROMIUM_FLAGS", "--no-sandbox --disable-gpu --disable-logging --log-level=3")
+    os.environ.setdefault("QT_LOGGING_RULES", "*=false")
     try:
         from PyQt6.QtCore import QTimer, QUrl
         from PyQt6.QtWebEngineWidgets import QWebEngineView

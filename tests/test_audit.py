@@ -126,8 +126,9 @@ def test_retrieval_and_similarity_figures_match_brute_force():
 
 def test_missing_attribute_is_named():
     x, items, _, _ = synthetic(0.0, receipts=10)
-    items[4] = {"receipt_id": items[4]["receipt_id"]}
-    with pytest.raises(ValueError, match="attribute 'device' is missing at item 4"):
+    items[4] = {"receipt_id": items[4]["receipt_id"], "path": "img4.jpg"}
+    items[6]["device"] = ""
+    with pytest.raises(ValueError, match="attribute 'device' is empty or absent for 2 of 30 items, first img4.jpg"):
         audit_figures(x, items, ["device"])
 
 
@@ -156,7 +157,7 @@ def indexes(tmp_path_factory):
 
 def test_audit_end_to_end_from_a_checkpoint(cli, indexes):
     out = indexes / "report"
-    result = cli("audit-shortcuts", indexes / "trained", "--attribute", "device", "--attribute", "merchant",
+    result = cli("audit-shortcuts", indexes / "trained", "--attribute", "device", "--context-attribute", "merchant",
                  "--out", out)
     assert result.returncode == 0, result.stderr
     audit = json.loads((out / "audit.json").read_text())
@@ -166,12 +167,16 @@ def test_audit_end_to_end_from_a_checkpoint(cli, indexes):
     # merchant never varies within a receipt, so no query has a cross-merchant positive
     assert audit["retrieval"]["cross_attribute"]["merchant"] == {"recall_at_1": None, "n_queries": 0}
     for attribute in ("device", "merchant"):
-        assert {"knn_agreement", "base_rate", "lift", "probe_accuracy", "probe_chance", "flagged"} <= set(
-            audit["shortcuts"][attribute])
+        assert {"knn_agreement", "base_rate", "lift", "lift_z", "probe_accuracy", "probe_chance", "probe_gain",
+                "flagged", "status"} <= set(audit["shortcuts"][attribute])
+    assert audit["shortcuts"]["merchant"]["status"] == "context" and not audit["shortcuts"]["merchant"]["flagged"]
+    assert "merchant (context, never flagged)" in result.stdout
+    assert "NaN" not in (out / "audit.json").read_text()
     assert {"positive_mean", "negative_mean", "same_attr_negative_mean", "cross_attr_negative_mean"} <= set(audit["similarity"])
     assert {"alignment", "uniformity", "effective_rank", "min_dim_std"} <= set(audit["diagnostics"])
     assert result.stdout.splitlines()[0].startswith(("No shortcut flagged", "SHORTCUT:"))
     assert "cross-device recall@1" in result.stdout and "audit.html" in result.stdout
+    assert "no receipt has captures with different merchant values" in result.stdout
 
     html = (out / "audit.html").read_text()
     assert 'id="verdict"' in html and "Worst retrieval failures" in html
@@ -197,8 +202,18 @@ def test_raw_pixels_come_out_shortcut_heavy(cli, indexes):
 def test_audit_input_errors(cli, indexes, tmp_path):
     result = cli("audit-shortcuts", indexes / "trained", "--attribute", "devcie", "--out", tmp_path / "r")
     assert result.returncode == 2 and "'devcie' is not a column" in result.stderr and "device" in result.stderr
+    assert "did you mean 'device'" in result.stderr
     result = cli("audit-shortcuts", tmp_path / "nothing")
     assert result.returncode == 2 and "does not exist" in result.stderr
+    result = cli("audit-shortcuts", indexes / "trained", "--attribute", "receipt_id", "--out", tmp_path / "r")
+    assert result.returncode == 2 and "receipt_id is the identity" in result.stderr
+    result = cli("audit-shortcuts", indexes / "trained", "--attribute", "height", "--attribute", "format",
+                 "--out", tmp_path / "r", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "not tested: height (it has" in result.stdout and "not tested: format (it has a single value" in result.stdout
+    (tmp_path / "file").write_text("x")
+    result = cli("audit-shortcuts", indexes / "trained", "--out", tmp_path / "file")
+    assert result.returncode == 2 and "is a file" in result.stderr
 
 
 def test_report_renders_in_a_headless_browser(cli, indexes):
@@ -212,7 +227,28 @@ def test_report_renders_in_a_headless_browser(cli, indexes):
         pytest.skip(f"no headless browser could start: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr[-2000:]
     page = json.loads(done.stdout.strip().splitlines()[-1])
-    assert page["verdict"].startswith("Shortcut flagged")
+    assert page["verdict"].startswith("SHORTCUT: device")
     assert {"Retrieval", "Shortcuts", "Similarity distributions", "Projection", "Diagnostics"} <= set(page["headings"])
     assert len(page["images"]) >= 6
     assert all(image["complete"] and image["width"] > 20 for image in page["images"]), page["images"]
+
+
+def test_degenerate_spaces_and_tiny_sets():
+    from receipt_embed.audit.run import json_safe
+
+    x, items, _, _ = synthetic(0.0, receipts=10)
+    collapsed = audit_figures(np.ones_like(x), items, ["device"])
+    assert collapsed["collapsed"] and collapsed["diagnostics"]["effective_rank"] < 2
+    json.dumps(json_safe(collapsed), allow_nan=False)  # strict JSON even for a degenerate space
+    with pytest.raises(ValueError, match="at least 2 receipts"):
+        audit_figures(x[:3], items[:3], ["device"])
+    capped = audit_figures(x, items, ["device"], k=500)
+    assert capped["k"] == len(items) - 3 and capped["k_requested"] == 500
+
+
+def test_too_few_items_is_inconclusive_not_clear():
+    # a strong device component on 8 receipts: the lift is high but the evidence thin
+    x, items, _, _ = synthetic(3.0, receipts=8, devices=2)
+    device = audit_figures(x, items, ["device"], rule=FlagRule(min_z=50.0))["shortcuts"]["device"]
+    assert device["lift"] > 1.3 and device["status"] == "inconclusive" and not device["flagged"]
+    assert any("standard errors" in reason for reason in device["reasons"])

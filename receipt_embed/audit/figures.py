@@ -7,7 +7,8 @@ it cluster by capture metadata (device, merchant, ...) more than chance?
   realistic case of a receipt photographed on one phone and resubmitted from another).
 - shortcuts per attribute: kNN agreement among other-identity neighbours against its chance
   base rate (lift), and a frozen linear probe (logistic regression, train/test split grouped
-  by identity) against the majority-class chance. ``flagged`` follows :class:`FlagRule`.
+  by identity) against the best constant guess. ``status`` follows :class:`FlagRule`:
+  flagged, clear, inconclusive (too few items to tell), or context (reported, never flagged).
 - similarity: cosine means and quantiles of positives, negatives, and negatives that share
   or do not share the attribute value.
 - diagnostics: alignment, uniformity, effective rank, per-dimension std (collapse).
@@ -26,6 +27,7 @@ from receipt_embed.evaluation.shortcuts import attribute_lift
 
 
 MAX_PAIRWISE_ITEMS = 20_000  # uniformity and effective rank on a seeded subset above this
+COLLAPSED_RANK = 2.0  # an effective rank below this: the embeddings lie on (nearly) one line
 MAX_PROBE_ITEMS = 20_000  # the linear probe trains on the captures of a subset of identities above this
 
 
@@ -85,11 +87,10 @@ def linear_probe(x: np.ndarray, labels: np.ndarray, values: np.ndarray, seed: in
         keep = np.isin(labels, keep_ids)
         x, labels, values = x[keep], labels[keep], values[keep]
     train, test = next(GroupShuffleSplit(1, test_size=test_size, random_state=seed).split(x, values, labels))
-    classes, counts = np.unique(values[train], return_counts=True)
-    majority = classes[np.argmax(counts)]
-    chance = float(np.mean(values[test] == majority))
-    if len(classes) < 2:
-        return {"probe_accuracy": chance, "probe_chance": chance, "probe_test_items": int(len(test))}
+    # chance: the best constant guess on the test items (their most frequent value)
+    chance = float(np.unique(values[test], return_counts=True)[1].max() / len(test))
+    if len(np.unique(values[train])) < 2:
+        return {"probe_accuracy": None, "probe_chance": chance, "probe_test_items": int(len(test))}
     probe = LogisticRegression(max_iter=2000).fit(x[train], values[train])
     accuracy = float(np.mean(probe.predict(x[test]) == values[test]))
     return {"probe_accuracy": accuracy, "probe_chance": chance, "probe_test_items": int(len(test))}
@@ -119,68 +120,119 @@ def similarity_figures(x: np.ndarray, labels: np.ndarray, values: np.ndarray, ma
     }
 
 
-def flag(figures: dict, rule: FlagRule, n_items: int) -> tuple[bool, list[str]]:
-    """Apply the rule; also records ``lift_z`` and ``probe_gain`` in ``figures``."""
-    reasons = []
-    agreement, base = figures["knn_agreement"], figures["base_rate"]
-    if figures["lift"] is not None and 0 < base < 1:
+def flag(figures: dict, rule: FlagRule, n_items: int) -> tuple[str, list[str]]:
+    """Apply the rule: ("flagged" | "clear" | "inconclusive", reasons).
+
+    Also records ``lift_z`` and ``probe_gain`` (None where they cannot be computed).
+    Inconclusive: nothing fired, but a test that could have fired lacked the evidence (a
+    lift above the limit on too few items, or too few held-out items for the probe)."""
+    flagged, doubts = [], []
+    agreement, base, lift = figures["knn_agreement"], figures["base_rate"], figures["lift"]
+    figures["lift_z"] = figures["probe_gain"] = None
+    if lift is not None and 0 < base < 1:
         # binomial standard error of the agreement over n_items x k neighbour slots
         z = (agreement - base) / math.sqrt(base * (1 - base) / (n_items * figures["k"]))
         figures["lift_z"] = z
-        if figures["lift"] > rule.max_lift and z >= rule.min_z:
-            reasons.append(f"kNN lift {figures['lift']:.2f} > {rule.max_lift}, {z:.1f} standard errors above chance")
+        if lift > rule.max_lift:
+            if z >= rule.min_z:
+                flagged.append(f"kNN lift {lift:.2f} > {rule.max_lift}, {z:.1f} standard errors above chance")
+            else:
+                doubts.append(f"kNN lift {lift:.2f} > {rule.max_lift} but only {z:.1f} standard errors above chance "
+                              f"(needs {rule.min_z}; too few items)")
     accuracy, chance = figures["probe_accuracy"], figures["probe_chance"]
     if accuracy is not None and chance is not None and chance < 1:
         gain = (accuracy - chance) / (1 - chance)
         figures["probe_gain"] = gain
-        if gain > rule.max_probe_gain and figures["probe_test_items"] >= rule.min_probe_items:
-            reasons.append(f"probe gain {gain:.2f} > {rule.max_probe_gain}")
-    return bool(reasons), reasons
+        if gain > rule.max_probe_gain:
+            if figures["probe_test_items"] >= rule.min_probe_items:
+                flagged.append(f"probe gain {gain:.2f} > {rule.max_probe_gain}")
+            else:
+                doubts.append(f"probe gain {gain:.2f} > {rule.max_probe_gain} on only {figures['probe_test_items']} "
+                              f"held-out items (needs {rule.min_probe_items})")
+    elif figures["probe_test_items"] < rule.min_probe_items:
+        doubts.append(f"probe not run or on {figures['probe_test_items']} held-out items (needs {rule.min_probe_items})")
+    if flagged:
+        return "flagged", flagged
+    return ("inconclusive", doubts) if doubts else ("clear", [])
+
+
+def testable(values: np.ndarray) -> str | None:
+    """Why an attribute cannot be audited, or None."""
+    distinct = len(set(values.tolist()))
+    if distinct < 2:
+        return f"it has a single value ({values[0]!r})"
+    if distinct > len(values) / 2:
+        return f"it has {distinct} distinct values for {len(values)} items: an attribute must group items"
+    return None
 
 
 def audit_figures(embeddings: np.ndarray, items: list[dict], attributes: list[str], k: int = 10,
-                  rule: FlagRule = FlagRule(), seed: int = 0) -> dict:
-    """Every figure of ``audit.json`` for L2-normalisable ``embeddings`` row-aligned with ``items``."""
-    missing = [(a, i) for a in attributes for i, item in enumerate(items) if item.get(a) in (None, "")]
-    if missing:
-        attribute, row = missing[0]
-        raise ValueError(f"attribute {attribute!r} is missing at item {row} (and {len(missing) - 1} more); "
-                         f"columns present: {', '.join(sorted(items[row]))}")
-    x = l2_normalise(embeddings)
+                  rule: FlagRule = FlagRule(), seed: int = 0, context: tuple[str, ...] = ()) -> dict:
+    """Every figure of ``audit.json`` for ``embeddings`` row-aligned with ``items``.
+
+    ``attributes`` are tested against the rule; ``context`` attributes get the same figures
+    but are never flagged (e.g. merchant, which captures of one shop share by design)."""
+    names = [*attributes, *[c for c in context if c not in attributes]]
+    for attribute in names:
+        empty = [i for i, item in enumerate(items) if item.get(attribute) in (None, "")]
+        if empty:
+            raise ValueError(f"attribute {attribute!r} is empty or absent for {len(empty)} of {len(items)} items, "
+                             f"first {items[empty[0]].get('path', f'item {empty[0]}')}")
     receipt_ids = [str(item["receipt_id"]) for item in items]
     identities = {receipt_id: i for i, receipt_id in enumerate(sorted(set(receipt_ids)))}
+    if len(identities) < 2:
+        raise ValueError(f"an audit needs at least 2 receipts, the index holds {len(identities)} "
+                         f"({len(items)} items)")
+    x = l2_normalise(embeddings)
     labels = np.array([identities[r] for r in receipt_ids])
+    largest = int(np.bincount(labels).max())
+    k_used = min(k, len(items) - largest)  # every item has at least this many other-receipt items
     retrieval = retrieval_metrics(x, labels, ks=(1, 5, 10))
     retrieval["cross_attribute"] = {}
-    shortcuts, similarity_by_attribute = {}, {}
-    for attribute in attributes:
+    shortcuts, similarity_by_attribute, untestable = {}, {}, {}
+    for attribute in names:
         values = np.array([str(item[attribute]) for item in items])
+        reason = testable(values)
+        if reason:
+            untestable[attribute] = reason
+            continue
         retrieval["cross_attribute"][attribute] = cross_attribute_recall(x, labels, values)
-        figures = {**attribute_lift(x, labels, values, k=k), **linear_probe(x, labels, values, seed=seed)}
+        figures = {**attribute_lift(x, labels, values, k=k_used), **linear_probe(x, labels, values, seed=seed)}
         figures["n_values"] = len(set(values.tolist()))
-        figures["flagged"], figures["reasons"] = flag(figures, rule, len(items))
+        status, reasons = flag(figures, rule, len(items))
+        figures["context"] = attribute not in attributes
+        if figures["context"]:
+            status = "context"
+        figures["status"], figures["reasons"] = status, reasons
+        figures["flagged"] = status == "flagged"
         shortcuts[attribute] = figures
         similarity_by_attribute[attribute] = similarity_figures(x, labels, values, seed=seed)
     diagnostics = embedding_diagnostics(x, labels, max_items=MAX_PAIRWISE_ITEMS, seed=seed)
     diagnostics.pop("similarity", None)
     diagnostics["pairwise_items"] = min(len(x), MAX_PAIRWISE_ITEMS)  # uniformity, effective rank
-    first = similarity_by_attribute[attributes[0]] if attributes else similarity_figures(x, labels, labels, seed=seed)
+    first = next(iter(similarity_by_attribute), None)
+    overall = similarity_by_attribute[first] if first else similarity_figures(x, labels, labels, seed=seed)
     similarity = {
-        "positive_mean": first["positive"]["mean"],
-        "negative_mean": first["negative"]["mean"],
-        "same_attr_negative_mean": first["same_attr_negative"]["mean"] if attributes else None,
-        "cross_attr_negative_mean": first["cross_attr_negative"]["mean"] if attributes else None,
-        "attribute": attributes[0] if attributes else None,
+        "positive_mean": overall["positive"]["mean"],
+        "negative_mean": overall["negative"]["mean"],
+        "same_attr_negative_mean": overall["same_attr_negative"]["mean"] if first else None,
+        "cross_attr_negative_mean": overall["cross_attr_negative"]["mean"] if first else None,
+        "attribute": first,
         "by_attribute": similarity_by_attribute,
     }
+    collapsed = diagnostics["effective_rank"] < COLLAPSED_RANK
     return {
         "n_items": len(items),
         "n_identities": len(identities),
-        "k": k,
+        "k": k_used,
+        "k_requested": k,
         "rule": asdict(rule),
         "retrieval": retrieval,
         "shortcuts": shortcuts,
+        "untestable": untestable,
         "similarity": similarity,
         "diagnostics": diagnostics,
-        "flagged": [a for a in attributes if shortcuts[a]["flagged"]],
+        "collapsed": bool(collapsed),
+        "flagged": [a for a in shortcuts if shortcuts[a]["flagged"]],
+        "inconclusive": [a for a in shortcuts if shortcuts[a]["status"] == "inconclusive"],
     }

@@ -46,7 +46,9 @@ def similarity_histogram(x: np.ndarray, labels: np.ndarray, values: np.ndarray, 
     same_label = labels[subset][:, None] == labels[subset][None, :]
     same_value = values[subset][:, None] == values[subset][None, :]
     fig, ax = _figure()
-    bins = np.linspace(-1, 1, 81)
+    values_upper = sims[upper]
+    low = float(np.floor(min(values_upper.min(), 0.0) * 10) / 10) if values_upper.size else -1.0
+    bins = np.linspace(low, 1, 61)
     for mask, name, colour in (
         (upper & same_label, "positives (same receipt)", "tab:green"),
         (upper & ~same_label & same_value, f"negatives, same {attribute}", "tab:red"),
@@ -83,8 +85,10 @@ def projection(x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: 
     subset = np.arange(len(x))
     if len(x) > MAX_PROJECTED:
         subset = np.sort(np.random.default_rng(seed).choice(len(x), MAX_PROJECTED, replace=False))
-    points = PCA(n_components=2, random_state=seed).fit_transform(x[subset]) if x.shape[1] >= 2 else np.c_[x[subset], 0 * x[subset]]
-    fig, ax = _figure(5.2, 4.2)
+    pca = PCA(n_components=2, random_state=seed)
+    points = pca.fit_transform(x[subset])
+    share = np.nan_to_num(pca.explained_variance_ratio_)
+    fig, ax = _figure(5.6, 4.2)
     colours = colour_by[subset]
     if identities:
         counts = np.unique(labels[subset], return_counts=True)
@@ -99,8 +103,10 @@ def projection(x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: 
         for k, value in enumerate(sorted(set(colours.tolist()))[:20]):
             mask = colours == value
             ax.scatter(points[mask, 0], points[mask, 1], s=8, color=f"C{k % 10}", label=str(value)[:24])
-        ax.legend(fontsize=7, markerscale=1.5, loc="best")
+        ax.legend(fontsize=7, markerscale=1.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(title)
+    ax.set_xlabel(f"PC 1 ({100 * share[0]:.0f}% of variance)")
+    ax.set_ylabel(f"PC 2 ({100 * share[1]:.0f}% of variance)")
     ax.set_xticks([])
     ax.set_yticks([])
     return _png(fig)

@@ -14,11 +14,30 @@ from receipt_embed.fileio import atomic_write_json, atomic_write_text
 AUDIT_JSON, AUDIT_HTML = "audit.json", "audit.html"
 
 
-def check_attributes(items: list[dict], attributes: list[str], where: str) -> None:
+def check_attributes(items: list[dict], attributes: list[str], where) -> None:
+    import difflib
+
     columns = sorted({key for item in items for key in item})
     for attribute in attributes:
+        if attribute == "receipt_id":
+            raise ValueError("receipt_id is the identity every figure is measured against, not an attribute to audit")
         if attribute not in columns:
-            raise ValueError(f"attribute {attribute!r} is not a column of {where}; columns: {', '.join(columns)}")
+            close = difflib.get_close_matches(attribute, columns, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"attribute {attribute!r} is not a column of {where}{hint}; columns: {', '.join(columns)}")
+
+
+def json_safe(value):
+    """NaN and infinities become null, so audit.json is strict JSON (jq, JavaScript)."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return json_safe(value.item())
+    return value
 
 
 def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int) -> list[dict]:
@@ -35,15 +54,27 @@ def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int) -
 
 
 def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *, k: int = 10,
-              rule: FlagRule = FlagRule(), gallery: int = 8, log=lambda message: None) -> dict:
+              rule: FlagRule = FlagRule(), gallery: int = 8, context: tuple[str, ...] = (),
+              log=lambda message: None) -> dict:
     """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures."""
+    import warnings
+
     from receipt_embed.audit import report
     from receipt_embed.indexing import load_index_dir
 
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"report dir {out} is a file; the report needs a directory")
     index_dir = load_index_dir(index_path)
-    check_attributes(index_dir.items, attributes, index_dir.path / "items.jsonl")
-    log(f"auditing {index_dir.count} items for {', '.join(attributes)}")
-    figures = audit_figures(index_dir.embeddings, index_dir.items, attributes, k=k, rule=rule)
+    check_attributes(index_dir.items, [*attributes, *context], index_dir.path / "items.jsonl")
+    log(f"auditing {index_dir.count} items for {', '.join([*attributes, *context])}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # degenerate inputs are reported as null figures
+        figures = json_safe(audit_figures(index_dir.embeddings, index_dir.items, attributes, k=k, rule=rule,
+                                          context=tuple(context)))
+    if figures["k"] < k:
+        warnings.warn(f"k = {k} is not below the number of other-receipt items; used k = {figures['k']}")
+    attributes = list(figures["shortcuts"])  # the testable ones
     meta = index_dir.meta
     figures["dim"] = meta["dim"]
     figures["index"] = {"path": str(index_dir.path.resolve()), "factory": meta["factory"],
@@ -54,48 +85,65 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
     receipt_ids = np.array([str(item["receipt_id"]) for item in index_dir.items])
     labels = np.unique(receipt_ids, return_inverse=True)[1]
     values = {a: np.array([str(item[a]) for item in index_dir.items]) for a in attributes}
-    plots = {
-        "agreement": report.agreement_bars(figures["shortcuts"]),
-        "histograms": {a: report.similarity_histogram(x, labels, values[a], a) for a in attributes},
-        "projections": {
-            **{a: report.projection(x, labels, values[a], f"coloured by {a}") for a in attributes},
-            "receipt": report.projection(x, labels, labels, "coloured by receipt", identities=True),
-        },
-    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate spaces (e.g. collapsed) still get their plots
+        plots = {
+            "agreement": report.agreement_bars(figures["shortcuts"]) if attributes else None,
+            "histograms": {a: report.similarity_histogram(x, labels, values[a], a) for a in attributes},
+            "projections": {
+                **{a: report.projection(x, labels, values[a], f"coloured by {a}") for a in attributes},
+                "receipt": report.projection(x, labels, labels, "coloured by receipt", identities=True),
+            },
+        }
     source = meta["source"]
     source_text = (f"checkpoint {source.get('checkpoint')}" if source.get("kind") == "checkpoint"
                    else f"external embeddings {source.get('embeddings')}")
     html = report.render_html({
-        "figures": figures, "plots": plots, "attributes": attributes,
-        "gallery": _gallery(index_dir, labels, attributes, gallery),
+        "figures": figures, "plots": plots, "attributes": attributes, "verdict": verdict_lines(figures),
+        "gallery": _gallery(index_dir, labels, attributes, gallery), "gallery_size": gallery,
         "index": {**figures["index"], "source": source_text}, "max_projected": report.MAX_PROJECTED,
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "version": __version__,
     })
-    out = Path(out)
     atomic_write_json(out / AUDIT_JSON, figures)
     atomic_write_text(out / AUDIT_HTML, html)
     return figures
 
 
+def _num(value, digits=3):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def verdict_lines(figures: dict) -> list[str]:
+    lines = []
+    for name in figures["flagged"]:
+        lines.append(f"SHORTCUT: {name} ({'; '.join(figures['shortcuts'][name]['reasons'])})")
+    if figures["collapsed"]:
+        lines.append(f"COLLAPSED: effective rank {figures['diagnostics']['effective_rank']:.2f}; the embeddings lie "
+                     "on nearly one line, so no figure can be trusted")
+    if not lines:
+        tested = [a for a, s in figures["shortcuts"].items() if not s["context"]]
+        lines.append(f"No shortcut flagged for {', '.join(tested) or 'any attribute'}")
+    for name in figures["inconclusive"]:
+        lines.append(f"inconclusive for {name}: {'; '.join(figures['shortcuts'][name]['reasons'])}")
+    for name, why in figures["untestable"].items():
+        lines.append(f"not tested: {name} ({why})")
+    return lines
+
+
 def summary(figures: dict) -> str:
     """A few lines for the terminal: the verdict first."""
     retrieval = figures["retrieval"]
-    lines = []
-    if figures["flagged"]:
-        for name in figures["flagged"]:
-            lines.append(f"SHORTCUT: {name} ({'; '.join(figures['shortcuts'][name]['reasons'])})")
-    else:
-        lines.append(f"No shortcut flagged for {', '.join(figures['shortcuts']) or 'no attributes'}")
-
-    def num(value, digits=3):
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    lines.append(f"retrieval over {retrieval['n_queries']} queries: recall@1 {num(retrieval['recall_at_1'])}, "
-                 f"recall@5 {num(retrieval['recall_at_5'])}, recall@10 {num(retrieval['recall_at_10'])}, "
-                 f"mAP {num(retrieval['map'])}")
-    for name, cross in retrieval["cross_attribute"].items():
-        s = figures["shortcuts"][name]
-        lines.append(f"{name}: cross-{name} recall@1 {num(cross['recall_at_1'])}, kNN lift {num(s['lift'], 2)} "
-                     f"(agreement {num(s['knn_agreement'])} vs chance {num(s['base_rate'])}), "
-                     f"probe {num(s['probe_accuracy'])} vs chance {num(s['probe_chance'])}")
+    lines = verdict_lines(figures)
+    lines.append(f"retrieval over {retrieval['n_queries']} queries: recall@1 {_num(retrieval['recall_at_1'])}, "
+                 f"recall@5 {_num(retrieval['recall_at_5'])}, recall@10 {_num(retrieval['recall_at_10'])}, "
+                 f"mAP {_num(retrieval['map'])}")
+    for name, s in figures["shortcuts"].items():
+        cross = retrieval["cross_attribute"][name]
+        cross_text = (f"cross-{name} recall@1 {_num(cross['recall_at_1'])}" if cross["n_queries"]
+                      else f"no receipt has captures with different {name} values")
+        role = " (context, never flagged)" if s["context"] else ""
+        lines.append(f"{name}{role}: {cross_text}; kNN lift {_num(s['lift'], 2)} (agreement "
+                     f"{_num(s['knn_agreement'])} vs chance {_num(s['base_rate'])}, z {_num(s['lift_z'], 1)}); "
+                     f"probe {_num(s['probe_accuracy'])} vs chance {_num(s['probe_chance'])} "
+                     f"on {s['probe_test_items']} held-out items")
     return "\n".join(lines)

@@ -12,38 +12,49 @@ from receipt_embed.cli.options import InputError
 @click.command("audit-shortcuts")
 @click.argument("index_dir", type=click.Path(file_okay=False))
 @click.option("--attribute", "attributes", multiple=True, default=("device",), show_default=True,
-              help="Metadata column to test as a shortcut (repeatable), e.g. --attribute device --attribute merchant.")
+              help="Metadata column tested as a shortcut (repeatable; giving any replaces the default device).")
+@click.option("--context-attribute", "context", multiple=True,
+              help="Column reported with the same figures but never flagged, for attributes expected to cluster "
+                   "(e.g. merchant: one shop's receipts share a template). Repeatable.")
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Neighbours per item for the kNN agreement.")
+              help="Other-receipt neighbours per item for the kNN agreement.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Report dir for audit.json and audit.html [INDEX_DIR/audit].")
 @click.option("--max-lift", type=click.FloatRange(min=1.0), default=1.3, show_default=True,
-              help="Flag an attribute whose kNN agreement exceeds this multiple of chance.")
-@click.option("--max-probe-gain", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Flag an attribute a linear probe predicts with (accuracy - chance) / (1 - chance) above this.")
+              help="Flag when kNN agreement exceeds this multiple of chance (and --min-z holds).")
 @click.option("--min-z", type=click.FloatRange(min=0), default=3.0, show_default=True,
               help="The lift test also needs the agreement this many standard errors above chance.")
+@click.option("--max-probe-gain", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Flag when a linear probe's (accuracy - chance) / (1 - chance) exceeds this, on at least "
+                   "20 held-out items.")
 @click.option("--gallery", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Worst retrieval failures shown with thumbnails.")
-@click.option("--fail-on-shortcut", is_flag=True, help="Exit with code 1 when any attribute is flagged (for CI gates).")
+              help="Worst retrieval failures shown with thumbnails (0: none).")
+@click.option("--fail-on-shortcut", is_flag=True,
+              help="Exit with code 1 when an attribute is flagged or the space has collapsed (a CI gate).")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
-def audit_shortcuts(index_dir, attributes, k, out_dir, max_lift, max_probe_gain, min_z, gallery, fail_on_shortcut,
-                    quiet):
+def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z, max_probe_gain, gallery,
+                    fail_on_shortcut, quiet):
     """Does the embedding find a receipt's other captures, and does it cluster by capture
-    metadata (device, merchant, ...) more than chance? Writes audit.json and a
-    self-contained audit.html."""
+    metadata (device, ...) more than chance? Writes audit.json and a self-contained audit.html.
+
+    \b
+    receipt-embed audit-shortcuts runs/demo/index --attribute device --context-attribute merchant
+    Exit codes: 0 done, 1 flagged or collapsed with --fail-on-shortcut, 2 bad input."""
     from receipt_embed.audit.figures import FlagRule
     from receipt_embed.audit.run import run_audit, summary
     from receipt_embed.indexing import IndexDirError
 
+    if out_dir == "-":
+        raise InputError("--out takes a directory for audit.json and audit.html; the summary always goes to stdout")
     out = Path(out_dir) if out_dir else Path(index_dir) / "audit"
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     try:
         figures = run_audit(index_dir, list(dict.fromkeys(attributes)), out, k=k,
-                            rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery, log=log)
+                            rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery,
+                            context=tuple(dict.fromkeys(c for c in context if c not in attributes)), log=log)
     except (IndexDirError, OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))
     click.echo(f"Report: {out / 'audit.html'} (figures in {out / 'audit.json'})")
-    if fail_on_shortcut and figures["flagged"]:
+    if fail_on_shortcut and (figures["flagged"] or figures["collapsed"]):
         raise SystemExit(1)

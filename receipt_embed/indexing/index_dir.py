@@ -114,6 +114,11 @@ def read_meta(path: str | Path) -> dict:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise IndexDirError(f"{meta_path} is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise IndexDirError(f"{meta_path} holds a JSON {type(meta).__name__}, not the object `receipt-embed index` writes")
+    if isinstance(meta.get("format_version"), int) and meta["format_version"] > FORMAT_VERSION:
+        raise IndexDirError(f"{meta_path} has format version {meta['format_version']}, newer than this receipt-embed "
+                            f"reads ({FORMAT_VERSION}); upgrade receipt-embed")
     missing = [key for key in ("count", "dim", "factory", "files", "source") if key not in meta]
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
     wanted = {"checkpoint": ("checkpoint", "checkpoint_sha256"), "embeddings": ("embeddings", "embeddings_sha256")}

@@ -3,9 +3,9 @@
     python benchmarks/audit.py [--items 100000] [--dim 512] [--devices 4] [--alpha 0.5]
 
 Builds an index dir of synthetic embeddings (3 captures per receipt; identity component +
-alpha x device component + capture noise, so the truth is known), then times the audit
-whole audit (load and verify the index dir, figures, plots, gallery, report). Items have no image files, so the failure gallery
-shows placeholders (thumbnails are not what scales).
+alpha x device component + capture noise, so the truth is known), then times the whole
+audit (load and verify the index dir, figures, plots, gallery, report). Items have no image
+files, so the failure gallery shows placeholders (thumbnails are not what scales).
 """
 
 from __future__ import annotations

@@ -140,17 +140,15 @@ def flag(figures: dict, rule: FlagRule, n_items: int) -> tuple[str, list[str]]:
                 doubts.append(f"kNN lift {lift:.2f} > {rule.max_lift} but only {z:.1f} standard errors above chance "
                               f"(needs {rule.min_z}; too few items)")
     accuracy, chance = figures["probe_accuracy"], figures["probe_chance"]
+    enough = figures["probe_test_items"] >= rule.min_probe_items
     if accuracy is not None and chance is not None and chance < 1:
         gain = (accuracy - chance) / (1 - chance)
         figures["probe_gain"] = gain
-        if gain > rule.max_probe_gain:
-            if figures["probe_test_items"] >= rule.min_probe_items:
-                flagged.append(f"probe gain {gain:.2f} > {rule.max_probe_gain}")
-            else:
-                doubts.append(f"probe gain {gain:.2f} > {rule.max_probe_gain} on only {figures['probe_test_items']} "
-                              f"held-out items (needs {rule.min_probe_items})")
-    elif figures["probe_test_items"] < rule.min_probe_items:
-        doubts.append(f"probe not run or on {figures['probe_test_items']} held-out items (needs {rule.min_probe_items})")
+        if gain > rule.max_probe_gain and enough:
+            flagged.append(f"probe gain {gain:.2f} > {rule.max_probe_gain}")
+    if not enough:
+        doubts.append(f"the probe had {figures['probe_test_items']} held-out items, needs {rule.min_probe_items}"
+                      + (f" (gain {figures['probe_gain']:.2f})" if figures["probe_gain"] is not None else ""))
     if flagged:
         return "flagged", flagged
     return ("inconclusive", doubts) if doubts else ("clear", [])

@@ -1,0 +1,101 @@
+"""Contrastive losses over a global batch split across torch.distributed ranks.
+
+Every rank embeds its slice of the global batch; the projections are gathered with the
+*differentiable* all_gather of ``torch.distributed.nn``, so each rank's anchors meet every
+rank's rows as negatives and the gradient of every row flows back to the rank that produced
+it. Each rank then evaluates the same global loss on the same gathered matrix (the tiled
+engine keeps that O(N d) in memory). The gather's backward sums the W identical gradients a
+row receives and DDP averages parameter gradients over the W ranks, so the parameters get
+exactly the single-process gradient of the global loss.
+
+A plain (detached) ``all_gather`` would be wrong: rows from other ranks would be constants,
+so a rank's rows would only receive the gradient of its own copy of the loss, and after
+DDP's averaging every parameter gradient would be 1/W of the true one (other variants that
+splice the local rows back in have the same flaw). ``tests/test_distributed.py`` shows both.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_from_env(backend: str | None = None) -> DistContext:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+
+    gloo on CPU, nccl when CUDA is available; a single process without torchrun's variables
+    is world size 1 and initialises nothing."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return DistContext()
+    if not dist.is_initialized():
+        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    return DistContext(dist.get_rank(), dist.get_world_size())
+
+
+def gather_rows(local: torch.Tensor, differentiable: bool = True) -> torch.Tensor:
+    """Rows of every rank, in rank order, (W * n, ...); all ranks must pass n rows."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    if differentiable:
+        from torch.distributed.nn.functional import all_gather
+
+        return torch.cat(all_gather(local), dim=0)
+    # the common shortcut: a plain gather with this rank's own rows spliced back in, so only
+    # they carry gradients (kept to show why it is wrong, see the module docstring)
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local.detach().contiguous())
+    parts[dist.get_rank()] = local
+    return torch.cat(parts, dim=0)
+
+
+def two_view_order(world_size: int, local_identities: int) -> torch.Tensor:
+    """Index that turns gathered per-rank blocks ``[v1_r; v2_r]`` into ``[v1 of all; v2 of all]``,
+    the layout two-view losses expect (row i's positive at i + B)."""
+    b = local_identities
+    first = [r * 2 * b + i for r in range(world_size) for i in range(b)]
+    second = [r * 2 * b + b + i for r in range(world_size) for i in range(b)]
+    return torch.tensor(first + second, dtype=torch.long)
+
+
+def global_loss(loss_fn, local_embeddings: torch.Tensor, local_labels: torch.Tensor, *, two_view: bool,
+                differentiable: bool = True) -> torch.Tensor:
+    """The loss of the whole global batch, from this rank's rows.
+
+    ``local_embeddings`` (n, d) and ``local_labels`` (n,) hold this rank's rows; for two-view
+    losses they are ``[first views; second views]`` of this rank's n/2 identities. Labels must be
+    global identity ids (unique across ranks for different receipts)."""
+    embeddings = gather_rows(local_embeddings, differentiable)
+    labels = gather_rows(local_labels, differentiable=False)
+    if two_view and dist.is_initialized() and dist.get_world_size() > 1:
+        order = two_view_order(dist.get_world_size(), local_embeddings.shape[0] // 2).to(embeddings.device)
+        embeddings, labels = embeddings[order], labels[order]
+    return loss_fn(embeddings, labels)
+
+
+def identity_slice(identities: list, rank: int, world_size: int) -> list:
+    """This rank's share of a global batch of identities (contiguous, equal sizes).
+
+    Every rank draws the same global batch from the same seeded sampler, so identities are
+    unique across the whole global batch; its size must divide by the world size."""
+    if len(identities) % world_size:
+        raise ValueError(f"a global batch of {len(identities)} identities does not split over {world_size} ranks; "
+                         "use a batch size divisible by the world size")
+    share = len(identities) // world_size
+    return identities[rank * share : (rank + 1) * share]

@@ -54,9 +54,13 @@ def gather_rows(local: torch.Tensor, differentiable: bool = True) -> torch.Tenso
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return local
     if differentiable:
+        import warnings
+
         from torch.distributed.nn.functional import all_gather
 
-        return torch.cat(all_gather(local), dim=0)
+        with warnings.catch_warnings():  # its suggested successor is a private API
+            warnings.filterwarnings("ignore", message=".*all_gather is deprecated")
+            return torch.cat(all_gather(local), dim=0)
     # the common shortcut: a plain gather with this rank's own rows spliced back in, so only
     # they carry gradients (kept to show why it is wrong, see the module docstring)
     parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]

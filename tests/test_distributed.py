@@ -72,3 +72,33 @@ def test_two_view_order_and_identity_slices():
     assert identity_slice(list(range(8)), 1, 2) == [4, 5, 6, 7]
     with pytest.raises(ValueError, match="does not split over 3 ranks"):
         identity_slice(list(range(8)), 0, 3)
+
+
+def test_train_nproc_2_end_to_end(cli, tmp_path):
+    """`train --nproc 2` launches torchrun; rank 0 writes the run dir; resume needs the same count."""
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    tiny = ["--set", "data.image_size=[64,32]", "--set", "train.batch_size=8", "--set", "model.head_hidden=64",
+            "--set", "model.head_dim=32", "--set", "train.eval_batch_size=64", "--set", "train.bn_recalibrate=32"]
+    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--nproc", "2", "-q",
+                 "--set", "train.epochs=1", *tiny, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1  # one writer
+    import json
+
+    line = json.loads(lines[0])
+    assert line["world_size"] == 2 and line["loss_stats"]["anchors"] == 16  # the global batch: 8 receipts x 2 views
+    assert "recall_at_1" in line["val"]["head"]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["world_size"] == 2
+    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--resume", "-q",
+                 "--set", "train.epochs=2", *tiny)
+    assert result.returncode == 2 and "resume it with the same number (--nproc 2), not 1" in result.stderr
+    result = cli("train", "--out", tmp_path / "run2", "--nproc", "2", "-q")
+    assert result.returncode == 2 and "needs --data" in result.stderr
+    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run3", "--nproc", "2", "-q",
+                 "--set", "train.epochs=1", *tiny[:2], "--set", "train.batch_size=7", *tiny[4:])
+    assert result.returncode != 0 and "does not split over 2 processes" in result.stderr

@@ -26,6 +26,25 @@ def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, 
     return target
 
 
+def launch_torchrun(nproc: int) -> int:
+    """Re-run this command line under torchrun with ``nproc`` processes; returns its exit code."""
+    import subprocess
+
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "receipt_embed", *args]
+    click.echo(f"launching {nproc} processes: torchrun --standalone --nproc-per-node={nproc} -m receipt_embed "
+               + " ".join(args), err=True)
+    return subprocess.call(command)
+
+
 @click.command()
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Dataset dir from `ingest` [data_samples/, ingested on the fly].")
@@ -35,12 +54,26 @@ def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, 
 @click.option("--sweep", default=None, metavar="KEY=V1,V2,...",
               help="Train once per value (e.g. loss.temperature=0.05,0.1,0.2) into OUT/KEY=V; pick by val recall@1.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars; one log line per epoch.")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes on this machine (torch.distributed via torchrun; gloo on CPU, nccl on GPU).")
 @config_options
 @click.pass_context
-def train(ctx, data_dir, out_dir, resume, sweep, quiet, config_file, overrides):
+def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, overrides):
     """Train an encoder so that captures of one receipt embed close together.
 
-    SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130); --resume continues."""
+    SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130); --resume continues.
+    --nproc N (or `torchrun --nproc-per-node N -m receipt_embed train ...`) splits each global
+    batch over N processes; the loss still sees the whole batch."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if nproc > 1 or world > 1:
+        if data_dir is None:
+            raise InputError("distributed training needs --data DATASET_DIR (run `receipt-embed ingest` first)")
+        if sweep is not None:
+            raise InputError("--sweep runs one process per value; it cannot be combined with --nproc")
+    if nproc > 1 and world == 1:
+        raise SystemExit(launch_torchrun(nproc))
     from receipt_embed.config import ConfigError
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
@@ -72,5 +105,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, config_file, overrides):
     except TrainingInterrupted as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(130) from None
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     best = f"best val recall@1 {result.best_recall_at_1:.3f} at epoch {result.best_epoch}" if result.best_epoch else "no val split"
     click.echo(f"Trained {out}: {best}; checkpoints in {out / 'checkpoints'}")

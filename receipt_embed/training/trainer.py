@@ -161,10 +161,45 @@ def evaluate(model: Embedder, val: Captures, val_cache: ImageCache, config: Conf
     return result
 
 
+class RankBatches:
+    """This rank's rows of each global batch (views keep the seeds of their global slots).
+
+    A two-view batch ``[first captures of B; second captures of B]`` (row i and row B + i share
+    an identity) gives each rank B/W identities with both captures, in the same layout; any
+    other batch gives each rank a contiguous 1/W of its rows (multi-positive losses read labels,
+    not positions)."""
+
+    def __init__(self, batches: SeededBatches, labels: list[int], rank: int, world_size: int):
+        self.batches, self.labels, self.rank, self.world_size = batches, labels, rank, world_size
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        from receipt_embed.distributed import identity_slice
+
+        for batch in self.batches:
+            half = len(batch) // 2
+            if len(batch) % 2 == 0 and all(self.labels[batch[i][0]] == self.labels[batch[half + i][0]] for i in range(half)):
+                firsts = identity_slice(list(range(half)), self.rank, self.world_size)
+                yield [batch[i] for i in firsts] + [batch[half + i] for i in firsts]
+            else:
+                yield identity_slice(batch, self.rank, self.world_size)
+
+
 class Trainer:
-    """Holds the pieces of one run; :meth:`run` trains to the configured epoch count."""
+    """Holds the pieces of one run; :meth:`run` trains to the configured epoch count.
+
+    Under torchrun (WORLD_SIZE > 1) every rank draws the same global batches, embeds its share,
+    and the loss runs on the gathered global batch (``receipt_embed.distributed``); rank 0
+    evaluates, logs and writes the run dir."""
 
     def __init__(self, config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print):
+        from receipt_embed.distributed import init_from_env
+
+        self.ctx = init_from_env()
+        if not self.ctx.is_main:
+            progress, log = False, (lambda message: None)
         self.config, self.registry, self.progress, self.log = config, registry, progress, log
         self.run_dir = Path(run_dir)
         self.config_dict = config.model_dump(mode="json")
@@ -173,6 +208,12 @@ class Trainer:
         if resume:
             self.state = load_checkpoint(last)
             _check_resume_config(self.state["config"], self.config_dict, last)
+            saved_world = self.state.get("world_size", 1)
+            if saved_world != self.ctx.world_size:
+                raise CheckpointError(
+                    f"{last} was written by a run over {saved_world} process(es); resume it with the same number "
+                    f"(--nproc {saved_world}), not {self.ctx.world_size}: the global batches would differ"
+                )
         elif last.exists():
             raise CheckpointError(f"{self.run_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
 
@@ -200,6 +241,13 @@ class Trainer:
             seed=train_cfg.seed, **config.sampler.params,
         )
         self.batches = SeededBatches(self.sampler, train_cfg.seed)
+        if self.ctx.distributed:
+            if getattr(self.loss_fn, "wants_momentum_keys", False):
+                raise ValueError(f"loss {config.loss.name!r} (a MoCo queue) does not run distributed yet; "
+                                 "use ntxent, supcon, debiased or hard_negative with --nproc")
+            if batch_size % self.ctx.world_size:
+                raise ValueError(f"train.batch_size {batch_size} does not split over {self.ctx.world_size} processes; "
+                                 "use a multiple of the process count")
         transform = registry.create("augmentation", config.augment.preset, image_size=tuple(config.data.image_size), **config.augment.params)
         self.dataset = ViewDataset(self.train_cache, transform, config.data.grayscale, self.train_set.labels)
         self.key_model = None
@@ -207,6 +255,11 @@ class Trainer:
             from receipt_embed.losses.moco import make_momentum_encoder
 
             self.key_model = make_momentum_encoder(self.model)
+        self.forward_model = self.model
+        if self.ctx.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.forward_model = DistributedDataParallel(self.model)
         params = list(self.model.parameters()) + list(self.loss_fn.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
         self.steps_per_epoch = len(self.sampler)
@@ -249,20 +302,29 @@ class Trainer:
             "best": self.best,
             "torch_rng": torch.get_rng_state(),
             "config": self.config_dict,
+            "world_size": self.ctx.world_size,
         }
 
     def _make_loader(self) -> DataLoader:
         """One loader for the run; persistent workers avoid a fork per epoch on small sets."""
         workers = self.config.train.num_workers
-        return DataLoader(self.dataset, batch_sampler=self.batches, num_workers=workers,
+        batches = (RankBatches(self.batches, self.train_set.labels, self.ctx.rank, self.ctx.world_size)
+                   if self.ctx.distributed else self.batches)
+        return DataLoader(self.dataset, batch_sampler=batches, num_workers=workers,
                           persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
 
     def _train_step(self, views: torch.Tensor, labels: torch.Tensor) -> float:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.config.train.precision == "bf16" else nullcontext()
         self.model.train()
         with autocast:
-            _, projections = self.model(views)
-        if self.key_model is None:
+            _, projections = self.forward_model(views)
+        if self.ctx.distributed:
+            from receipt_embed.distributed import global_loss
+
+            half = len(labels) // 2  # a two-view slice is [first views; second views] of its identities
+            two_view = len(labels) % 2 == 0 and torch.equal(labels, labels.roll(half))
+            loss = global_loss(self.loss_fn, projections.float(), labels, two_view=two_view)
+        elif self.key_model is None:
             loss = self.loss_fn(projections.float(), labels)
         else:
             loss = self.loss_fn(projections.float(), labels, keys=self._momentum_keys(views, labels))
@@ -294,8 +356,9 @@ class Trainer:
         return keys.float().roll(half, dims=0)
 
     def run(self) -> TrainResult:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(self.config, self.run_dir / CONFIG_FILE)
+        if self.ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.config, self.run_dir / CONFIG_FILE)
         result = TrainResult(self.run_dir)
         epochs = self.config.train.epochs
         loader = self._make_loader()
@@ -310,7 +373,7 @@ class Trainer:
                     self.step += 1
                     self.sums["loss"] += loss
                     self.sums["steps"] += 1
-                    self.sums["views"] += len(views)
+                    self.sums["views"] += len(views) * self.ctx.world_size
                     stats = getattr(self.loss_fn, "last_stats", None)
                     if stats:  # kept in the checkpoint so a resumed epoch reports it too
                         self.sums["loss_stats"] = {k: (v.item() if torch.is_tensor(v) else v) for k, v in stats.items()}
@@ -319,7 +382,8 @@ class Trainer:
                     bar.update()
                     if received:
                         self.sums["seconds"] = elapsed
-                        save_checkpoint(self.run_dir / LAST, self._state())
+                        if self.ctx.is_main:
+                            save_checkpoint(self.run_dir / LAST, self._state())
                         bar.close()
                         raise TrainingInterrupted(
                             f"{received[0]} received: saved {self.run_dir / LAST} at epoch {self.epoch + 1}, "
@@ -351,6 +415,13 @@ class Trainer:
         }
         if "loss_stats" in sums:
             line["loss_stats"] = sums["loss_stats"]
+        if self.ctx.distributed:
+            line["world_size"] = self.ctx.world_size
+        if not self.ctx.is_main:  # rank 0 evaluates and writes; its BN statistics reach the others via DDP
+            self.epoch += 1
+            self.step = 0
+            self.sums = {"loss": 0.0, "steps": 0, "views": 0, "seconds": 0.0}
+            return line
         if len(self.val_set):
             recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
             line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)

@@ -79,18 +79,22 @@ def two_view_order(world_size: int, local_identities: int) -> torch.Tensor:
 
 
 def global_loss(loss_fn, local_embeddings: torch.Tensor, local_labels: torch.Tensor, *, two_view: bool,
-                differentiable: bool = True) -> torch.Tensor:
+                differentiable: bool = True, local_keys: torch.Tensor | None = None) -> torch.Tensor:
     """The loss of the whole global batch, from this rank's rows.
 
     ``local_embeddings`` (n, d) and ``local_labels`` (n,) hold this rank's rows; for two-view
     losses they are ``[first views; second views]`` of this rank's n/2 identities. Labels must be
-    global identity ids (unique across ranks for different receipts)."""
+    global identity ids (unique across ranks for different receipts). ``local_keys``: momentum
+    keys for MoCo, gathered (without gradients) into the same global order on every rank, so
+    every rank's queue receives the same keys in the same order and the queues stay identical."""
     embeddings = gather_rows(local_embeddings, differentiable)
     labels = gather_rows(local_labels, differentiable=False)
+    keys = None if local_keys is None else gather_rows(local_keys.detach(), differentiable=False)
     if two_view and dist.is_initialized() and dist.get_world_size() > 1:
         order = two_view_order(dist.get_world_size(), local_embeddings.shape[0] // 2).to(embeddings.device)
         embeddings, labels = embeddings[order], labels[order]
-    return loss_fn(embeddings, labels)
+        keys = None if keys is None else keys[order]
+    return loss_fn(embeddings, labels) if keys is None else loss_fn(embeddings, labels, keys=keys)
 
 
 def identity_slice(identities: list, rank: int, world_size: int) -> list:

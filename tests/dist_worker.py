@@ -32,16 +32,34 @@ def rows_for(inputs: torch.Tensor, ids: list[int]):
     return x, labels
 
 
+def make_loss(name: str):
+    torch.manual_seed(1)  # the MoCo queue's random start is the same on every rank
+    if name == "moco":
+        return create_loss("moco", temperature=0.2, queue_size=24, dim=8)
+    return create_loss(name, temperature=0.2)
+
+
+@torch.no_grad()
+def momentum_keys(model, x: torch.Tensor) -> torch.Tensor:
+    """Keys from a frozen copy of the model: row i's key is the other view of its receipt."""
+    import copy
+
+    return copy.deepcopy(model)(x).roll(len(x) // 2, dims=0)
+
+
 def main(out: str, loss_name: str, mode: str) -> None:
     context = init_from_env("gloo")
     model, inputs = model_and_batch()
     ddp = DistributedDataParallel(model)
     ids = identity_slice(list(range(inputs.shape[1])), context.rank, context.world_size)
     x, labels = rows_for(inputs, ids)
-    loss_fn = create_loss(loss_name, temperature=0.2)
-    loss = global_loss(loss_fn, ddp(x), labels, two_view=loss_name == "ntxent", differentiable=mode == "differentiable")
+    loss_fn = make_loss(loss_name)
+    keys = momentum_keys(model, x) if loss_name == "moco" else None
+    loss = global_loss(loss_fn, ddp(x), labels, two_view=loss_name != "supcon", differentiable=mode == "differentiable",
+                       local_keys=keys)
     loss.backward()
-    torch.save({"loss": loss.detach(), "grads": [p.grad.detach().clone() for p in model.parameters()]}, out)
+    torch.save({"loss": loss.detach(), "grads": [p.grad.detach().clone() for p in model.parameters()],
+                "state": {k: v.clone() for k, v in loss_fn.state_dict().items()}}, out)
     torch.distributed.destroy_process_group()
 
 

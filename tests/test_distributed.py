@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_worker import model_and_batch, rows_for
-from receipt_embed import create_loss
+from dist_worker import make_loss, model_and_batch, momentum_keys, rows_for
 from receipt_embed.distributed import identity_slice, two_view_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,12 +38,17 @@ def run_ranks(tmp_path: Path, loss: str, mode: str, world: int = 2) -> list[dict
 def single_process(loss: str) -> dict:
     model, inputs = model_and_batch()
     x, labels = rows_for(inputs, list(range(inputs.shape[1])))
-    value = create_loss(loss, temperature=0.2)(model(x), labels)
+    loss_fn = make_loss(loss)
+    if loss == "moco":
+        value = loss_fn(model(x), labels, keys=momentum_keys(model, x))
+    else:
+        value = loss_fn(model(x), labels)
     value.backward()
-    return {"loss": value.detach(), "grads": [p.grad.detach().clone() for p in model.parameters()]}
+    return {"loss": value.detach(), "grads": [p.grad.detach().clone() for p in model.parameters()],
+            "state": loss_fn.state_dict()}
 
 
-@pytest.mark.parametrize("loss", ["ntxent", "supcon"])
+@pytest.mark.parametrize("loss", ["ntxent", "supcon", "moco"])
 def test_two_ranks_match_one_process(tmp_path, loss):
     reference = single_process(loss)
     ranks = run_ranks(tmp_path, loss, "differentiable")
@@ -52,6 +56,9 @@ def test_two_ranks_match_one_process(tmp_path, loss):
         assert torch.allclose(rank["loss"], reference["loss"], atol=1e-5), (rank["loss"], reference["loss"])
         for got, want in zip(rank["grads"], reference["grads"]):
             assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+        # MoCo: every rank's queue holds the global batch's keys in the single-process order
+        for name, value in reference["state"].items():
+            assert torch.allclose(rank["state"][name].float(), value.float(), atol=1e-5), name
 
 
 def test_detached_gather_gets_the_gradients_wrong(tmp_path):
@@ -91,6 +98,7 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
 
     line = json.loads(lines[0])
     assert line["world_size"] == 2 and line["loss_stats"]["anchors"] == 16  # the global batch: 8 receipts x 2 views
+    assert line["global_unique_identities_per_step"] == 8
     assert "recall_at_1" in line["val"]["head"]
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert state["world_size"] == 2
@@ -102,3 +110,18 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
     result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run3", "--nproc", "2", "-q",
                  "--set", "train.epochs=1", *tiny[:2], "--set", "train.batch_size=7", *tiny[4:])
     assert result.returncode != 0 and "does not split over 2 processes" in result.stderr
+
+
+def test_train_nproc_2_with_moco_keeps_one_queue(cli, tmp_path):
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--nproc", "2", "-q",
+                 "--set", "train.epochs=1", "--set", "data.image_size=[64,32]", "--set", "train.batch_size=8",
+                 "--set", "model.head_hidden=64", "--set", "model.head_dim=32", "--set", "loss.name=moco",
+                 "--set", "loss.params={queue_size: 64, dim: 32, queue_init: empty}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    # 6 steps x 16 global keys, into a queue of 64 that started empty: full, every slot labelled
+    assert int(state["loss"]["queue_count"]) == 64 and "momentum_model" in state

@@ -171,6 +171,7 @@ class RankBatches:
 
     def __init__(self, batches: SeededBatches, labels: list[int], rank: int, world_size: int):
         self.batches, self.labels, self.rank, self.world_size = batches, labels, rank, world_size
+        self.unique_identities = 0  # summed over the global batches handed out so far
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -179,6 +180,7 @@ class RankBatches:
         from receipt_embed.distributed import identity_slice
 
         for batch in self.batches:
+            self.unique_identities += len({self.labels[index] for index, _ in batch})
             half = len(batch) // 2
             if len(batch) % 2 == 0 and all(self.labels[batch[i][0]] == self.labels[batch[half + i][0]] for i in range(half)):
                 firsts = identity_slice(list(range(half)), self.rank, self.world_size)
@@ -242,9 +244,6 @@ class Trainer:
         )
         self.batches = SeededBatches(self.sampler, train_cfg.seed)
         if self.ctx.distributed:
-            if getattr(self.loss_fn, "wants_momentum_keys", False):
-                raise ValueError(f"loss {config.loss.name!r} (a MoCo queue) does not run distributed yet; "
-                                 "use ntxent, supcon, debiased or hard_negative with --nproc")
             if batch_size % self.ctx.world_size:
                 raise ValueError(f"train.batch_size {batch_size} does not split over {self.ctx.world_size} processes; "
                                  "use a multiple of the process count")
@@ -308,9 +307,9 @@ class Trainer:
     def _make_loader(self) -> DataLoader:
         """One loader for the run; persistent workers avoid a fork per epoch on small sets."""
         workers = self.config.train.num_workers
-        batches = (RankBatches(self.batches, self.train_set.labels, self.ctx.rank, self.ctx.world_size)
-                   if self.ctx.distributed else self.batches)
-        return DataLoader(self.dataset, batch_sampler=batches, num_workers=workers,
+        self.rank_batches = (RankBatches(self.batches, self.train_set.labels, self.ctx.rank, self.ctx.world_size)
+                             if self.ctx.distributed else None)
+        return DataLoader(self.dataset, batch_sampler=self.batches if self.rank_batches is None else self.rank_batches, num_workers=workers,
                           persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
 
     def _train_step(self, views: torch.Tensor, labels: torch.Tensor) -> float:
@@ -323,7 +322,8 @@ class Trainer:
 
             half = len(labels) // 2  # a two-view slice is [first views; second views] of its identities
             two_view = len(labels) % 2 == 0 and torch.equal(labels, labels.roll(half))
-            loss = global_loss(self.loss_fn, projections.float(), labels, two_view=two_view)
+            keys = None if self.key_model is None else self._momentum_keys(views, labels)
+            loss = global_loss(self.loss_fn, projections.float(), labels, two_view=two_view, local_keys=keys)
         elif self.key_model is None:
             loss = self.loss_fn(projections.float(), labels)
         else:
@@ -417,6 +417,11 @@ class Trainer:
             line["loss_stats"] = sums["loss_stats"]
         if self.ctx.distributed:
             line["world_size"] = self.ctx.world_size
+            if self.rank_batches is not None and sums["steps"]:
+                # the loader may run ahead of training by a few prefetched batches; the count
+                # is per global batch drawn this epoch
+                line["global_unique_identities_per_step"] = self.rank_batches.unique_identities / sums["steps"]
+                self.rank_batches.unique_identities = 0
         if not self.ctx.is_main:  # rank 0 evaluates and writes; its BN statistics reach the others via DDP
             self.epoch += 1
             self.step = 0

@@ -105,6 +105,11 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
     result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--resume", "-q",
                  "--set", "train.epochs=2", *tiny)
     assert result.returncode == 2 and "resume it with the same number (--nproc 2), not 1" in result.stderr
+    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--resume", "--nproc", "2", "-q",
+                 "--set", "train.epochs=2", *tiny, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [l["epoch"] for l in lines] == [1, 2] and lines[1]["world_size"] == 2
     result = cli("train", "--out", tmp_path / "run2", "--nproc", "2", "-q")
     assert result.returncode == 2 and "needs --data" in result.stderr
     result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run3", "--nproc", "2", "-q",

@@ -338,3 +338,39 @@ def test_small_training_sets_and_missed_targets_are_explained():
     with pytest.warns(UserWarning, match="stays below the target 0.99"):
         built = build_index(x, "PCA4,Flat", target_recall=0.99)
     assert built.recall_at_10 < 0.99
+
+
+def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
+    dataset, checkpoint = trained
+    whole = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "whole", "-q")
+    assert whole.returncode == 0, whole.stderr
+    for i in range(3):
+        result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", f"{i}/3",
+                     "--out", tmp_path / f"s{i}", "-q")
+        assert result.returncode == 0 and f"shard {i}/3" in result.stdout, result.stderr
+    result = cli("index-merge", tmp_path / "s2", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "merged",
+                 "--factory", "IVF4,Flat", "-q")
+    assert result.returncode == 0, result.stderr
+    merged, reference = load_index_dir(tmp_path / "merged"), load_index_dir(tmp_path / "whole")
+    assert merged.items == reference.items  # row order restored whatever the argument order
+    np.testing.assert_allclose(merged.embeddings, reference.embeddings, atol=1e-6)
+    assert merged.meta["source"]["checkpoint_sha256"] == reference.meta["source"]["checkpoint_sha256"]
+    assert merged.meta["source"]["shards"] == 3 and merged.meta["factory"] == "IVF4,Flat"
+    query = reference.items[5]["path"]
+    found = json.loads(cli("search", tmp_path / "merged", query, "--json", "-k", "1").stdout)
+    assert found[0]["neighbours"][0]["row"] == 5
+
+    result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "m2")
+    assert result.returncode == 2 and "missing shard(s) 2/3" in result.stderr
+    result = cli("index-merge", tmp_path / "s0", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "m3")
+    assert result.returncode == 2 and "shard 0/3 given twice" in result.stderr
+    cli("index", "--checkpoint", checkpoint, "--data", dataset, "--split", "heldout", "--shard", "2/3",
+        "--out", tmp_path / "other", "-q")
+    result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "other", "--out", tmp_path / "m4")
+    assert result.returncode == 2 and "shards differ in split" in result.stderr
+    for bad in ("3/3", "1-3", "0/0"):
+        result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", bad, "--out", tmp_path / "x")
+        assert result.returncode == 2 and "--shard takes i/n" in result.stderr
+    result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "0/2", "--factory", "HNSW32",
+                 "--out", tmp_path / "x")
+    assert result.returncode == 2 and "--factory belongs to `index-merge`" in result.stderr

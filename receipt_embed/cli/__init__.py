@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("receipt_embed.cli.config:config", "Print the resolved configuration."),
     "demo": ("receipt_embed.cli.demo:demo", "Run the whole pipeline on the bundled data_samples/."),
     "index": ("receipt_embed.cli.index:index", "Embed captures into a FAISS index dir."),
+    "index-merge": ("receipt_embed.cli.index:index_merge", "Join the shard dirs of `index --shard` into one index dir."),
     "search": ("receipt_embed.cli.search:search", "Find a receipt's other captures, or all near-duplicate pairs."),
     "audit-shortcuts": (
         "receipt_embed.cli.audit:audit_shortcuts",

@@ -31,10 +31,12 @@ from receipt_embed.cli.options import InputError, load_registry
               help="Approximate indexes: vectors sampled to train the quantizers.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
               help="Images per forward pass.")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Embed only slice I of N (0-based) into a shard dir; join the N shards with `index-merge`.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
 def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest, out_dir, factory, target_recall,
-          train_size, batch_size, quiet):
+          train_size, batch_size, shard, quiet):
     """Embed captures (or take external embeddings) into a FAISS index dir.
 
     Vectors are L2-normalised and searched by inner product (cosine similarity). The dir
@@ -54,6 +56,8 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
     try:
         if embeddings_file is not None:
             images_only = [f"--{name.replace('_', '-')}" for name in ("split", "features", "batch_size") if name in given]
+            if shard is not None:
+                raise InputError("--shard splits the embedding of images; external --embeddings are already made")
             if checkpoint or data_dir or images_only:
                 raise InputError("--embeddings takes --manifest; " + ", ".join(
                     ["--checkpoint"] * bool(checkpoint) + ["--data"] * bool(data_dir) + images_only
@@ -67,6 +71,17 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
             if not checkpoint or not data_dir:
                 raise InputError("give --checkpoint and --data (or --embeddings with --manifest)")
             registry = load_registry(ctx)
+            if shard is not None:
+                from receipt_embed.indexing.shards import parse_shard
+
+                if ctx.get_parameter_source("factory") is not click.core.ParameterSource.DEFAULT:
+                    raise InputError("--factory belongs to `index-merge`: a shard holds vectors, the merge builds the index")
+                meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split, features=features,
+                                     batch_size=batch_size, progress=not quiet and sys.stderr.isatty(),
+                                     shard=parse_shard(shard), log=log)
+                click.echo(f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
+                           f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`")
+                return
             meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split, features=features,
                                  batch_size=batch_size, progress=not quiet and sys.stderr.isatty(), **options)
     except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, ValueError) as exc:
@@ -75,3 +90,31 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
         f", recall@10 {meta['recall_at_10']:.3f} against exact search ({meta['search_params'] or 'no search parameter'}"
         + (f", below the target {target_recall}" if meta["recall_at_10"] < target_recall else "") + ")")
     click.echo(f"Indexed {meta['count']} items of dim {meta['dim']} with {meta['factory']}{recall} -> {out_dir}")
+
+
+@click.command("index-merge")
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
+@click.option("--factory", default="Flat", show_default=True, help="FAISS index-factory string (as for `index`).")
+@click.option("--target-recall", type=click.FloatRange(0, 1), default=0.95, show_default=True,
+              help="Approximate indexes: tune search parameters to this recall@10 against exact search.")
+@click.option("--train-size", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Approximate indexes: vectors sampled across all shards to train the one shared quantizer.")
+@click.option("--quiet", "-q", is_flag=True, help="Less output.")
+def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet):
+    """Join the shard dirs of `index --shard I/N` (all N of them) into one index dir.
+
+    \b
+    receipt-embed index --checkpoint C --data D --shard 0/2 --out shards/0   # jobs that
+    receipt-embed index --checkpoint C --data D --shard 1/2 --out shards/1   # can run in parallel
+    receipt-embed index-merge shards/0 shards/1 --out INDEX_DIR --factory HNSW32"""
+    from receipt_embed.indexing import IndexBuildError, IndexDirError
+    from receipt_embed.indexing.shards import merge_shards
+
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    try:
+        meta = merge_shards(list(shard_dirs), out_dir, factory=factory, target_recall=target_recall,
+                            train_size=train_size, log=log)
+    except (IndexBuildError, IndexDirError, OSError, ValueError, KeyError) as exc:
+        raise InputError(str(exc)) from None
+    click.echo(f"Merged {len(shard_dirs)} shards: {meta['count']} items of dim {meta['dim']} with {meta['factory']} -> {out_dir}")

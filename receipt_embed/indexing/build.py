@@ -28,8 +28,9 @@ def checkpoint_source(checkpoint: str | Path) -> dict:
 
 def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path, registry, *, split: str = "all",
                   factory: str = "Flat", features: str = "backbone", batch_size: int = 128, progress: bool = False,
-                  log=lambda message: None, **build_options) -> dict:
-    """Embed a dataset dir's captures with a checkpoint and write an index dir."""
+                  shard: tuple[int, int] | None = None, log=lambda message: None, **build_options) -> dict:
+    """Embed a dataset dir's captures with a checkpoint and write an index dir (or, with
+    ``shard=(i, n)``, a shard dir holding rows i/n of them for ``index-merge``)."""
     from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
     from receipt_embed.embedding import load_model
 
@@ -42,6 +43,17 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
                                 f"first {gone[0]}; were they moved since `receipt-embed ingest`? Re-run it")
     source = {**checkpoint_source(checkpoint), "dataset": str(Path(data_dir).resolve()), "split": split}
     loaded = load_model(checkpoint, registry)
+    rows = captures.rows
+    if shard is not None:
+        from receipt_embed.indexing.shards import shard_rows, write_shard
+
+        start, end = shard_rows(len(rows), *shard)
+        rows = rows[start:end]
+        log(f"shard {shard[0]}/{shard[1]}: rows {start}..{end - 1} of {len(captures)} captures ({split})")
+        embeddings = embed_paths_checked(loaded, [r["path"] for r in rows], features, batch_size, progress)
+        meta = {**source, "features": features, "shard": shard[0], "shards": shard[1], "total": len(captures),
+                "rows": [start, end]}
+        return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta)
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
     embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress)
     built = build_index(embeddings, factory, log=log, **build_options)

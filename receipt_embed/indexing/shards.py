@@ -1,0 +1,102 @@
+"""Embedding a large archive as parallel jobs: ``index --shard i/n`` writes one slice of the
+vectors to a shard dir, and ``index-merge`` joins the shards into one index dir.
+
+The merge checks that the shards belong together (same checkpoint, dataset, split and
+features; each of 0..n-1 exactly once; contiguous rows) and then builds the FAISS index
+once over all vectors, so an approximate index trains one quantizer on a sample drawn from
+every shard and all shards are added to it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.indexing.index_dir import IndexDirError, sha256_file
+
+SHARD_FILE, ITEMS_FILE, EMBEDDINGS_FILE = "shard.json", "items.jsonl", "embeddings.npy"
+_SHARD = re.compile(r"^(\d+)/(\d+)$")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` (0 <= i < n) -> (i, n)."""
+    match = _SHARD.match(text.strip())
+    if not match or not int(match[1]) < int(match[2]):
+        raise ValueError(f"--shard takes i/n with 0 <= i < n (e.g. 0/4 ... 3/4), got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def shard_rows(total: int, shard: int, shards: int) -> tuple[int, int]:
+    """Rows [start, end) of shard ``shard`` of ``shards`` over ``total`` rows (sizes differ by at most 1)."""
+    return total * shard // shards, total * (shard + 1) // shards
+
+
+def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: dict) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SHARD_FILE).unlink(missing_ok=True)
+    with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:
+        np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
+    atomic_write_jsonl(out / ITEMS_FILE, items)
+    meta = {**meta, "count": len(items), "dim": int(vectors.shape[1]),
+            "files": {name: sha256_file(out / name) for name in (EMBEDDINGS_FILE, ITEMS_FILE)}}
+    atomic_write_json(out / SHARD_FILE, meta)
+    return meta
+
+
+def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
+    path = Path(path)
+    if not (path / SHARD_FILE).is_file():
+        raise IndexDirError(f"{path / SHARD_FILE} not found: {path} is not a complete shard from `index --shard`")
+    meta = json.loads((path / SHARD_FILE).read_text(encoding="utf-8"))
+    for name, digest in meta["files"].items():
+        if not (path / name).is_file() or sha256_file(path / name) != digest:
+            raise IndexDirError(f"{path / name} is missing or does not match {SHARD_FILE}: re-run that shard")
+    vectors = np.load(path / EMBEDDINGS_FILE, allow_pickle=False)
+    items = read_jsonl(path / ITEMS_FILE)
+    if len(items) != meta["count"] or vectors.shape != (meta["count"], meta["dim"]):
+        raise IndexDirError(f"{path}: {SHARD_FILE} records {meta['count']} rows, the files disagree")
+    return meta, vectors, items
+
+
+def check_shards(metas: list[tuple[Path, dict]]) -> None:
+    """The shards come from one job and cover it exactly once."""
+    first_path, first = metas[0]
+    same = ("checkpoint_sha256", "dataset", "split", "features", "shards", "total")
+    for path, meta in metas[1:]:
+        for key in same:
+            if meta.get(key) != first.get(key):
+                raise ValueError(f"shards differ in {key}: {first_path} has {first.get(key)!r}, {path} has {meta.get(key)!r}")
+    seen: dict[int, Path] = {}
+    for path, meta in metas:
+        if meta["shard"] in seen:
+            raise ValueError(f"shard {meta['shard']}/{meta['shards']} given twice: {seen[meta['shard']]} and {path}")
+        seen[meta["shard"]] = path
+    count = first["shards"]
+    missing = sorted(set(range(count)) - set(seen))
+    if missing:
+        names = ", ".join(f"{i}/{count}" for i in missing)
+        raise ValueError(f"missing shard(s) {names} of the {first['total']} rows")
+
+
+def merge_shards(shard_dirs: list[str | Path], out: str | Path, *, factory: str = "Flat",
+                 log=lambda message: None, **build_options) -> dict:
+    """One index dir from all shards of a job, in row order."""
+    from receipt_embed.indexing.factory import build_index
+    from receipt_embed.indexing.index_dir import write_index_dir
+
+    loaded = [(Path(p), *read_shard(p)) for p in shard_dirs]
+    check_shards([(path, meta) for path, meta, _, _ in loaded])
+    loaded.sort(key=lambda entry: entry[1]["shard"])
+    vectors = np.concatenate([v for _, _, v, _ in loaded])
+    items = [item for _, _, _, shard_items in loaded for item in shard_items]
+    meta = loaded[0][1]
+    log(f"merging {len(loaded)} shards: {len(items)} items of dim {vectors.shape[1]}")
+    built = build_index(vectors, factory, log=log, **build_options)
+    source = {"kind": "checkpoint", "checkpoint": meta["checkpoint"], "checkpoint_sha256": meta["checkpoint_sha256"],
+              "dataset": meta["dataset"], "split": meta["split"], "shards": meta["shards"]}
+    return write_index_dir(out, built, vectors, items, source, meta["features"])

@@ -373,4 +373,22 @@ def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
         assert result.returncode == 2 and "--shard takes i/n" in result.stderr
     result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "0/2", "--factory", "HNSW32",
                  "--out", tmp_path / "x")
-    assert result.returncode == 2 and "--factory belongs to `index-merge`" in result.stderr
+    assert result.returncode == 2 and "--factory belong(s) to `index-merge`" in result.stderr
+    result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "s2", "--out", tmp_path / "s1")
+    assert result.returncode == 2 and "is one of the shards being merged" in result.stderr
+    result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "0/3", "--out", tmp_path / "whole")
+    assert result.returncode == 2 and "holds an index dir" in result.stderr
+    result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "0/500", "--out", tmp_path / "e")
+    assert result.returncode == 2 and "is empty" in result.stderr
+    manifest = dataset / "manifest.jsonl"
+    original = manifest.read_text()
+    try:  # same dataset path, different contents: another machine's copy, or a re-ingest
+        manifest.write_text("".join(reversed(original.splitlines(keepends=True))))
+        cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "2/3", "--out", tmp_path / "changed", "-q")
+    finally:
+        manifest.write_text(original)
+    result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "changed", "--out", tmp_path / "m6")
+    assert result.returncode == 2 and "manifest.jsonl (its sha256)" in result.stderr
+    (tmp_path / "s1" / "shard.json").write_text("{broken")
+    result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "s2", "--out", tmp_path / "m5")
+    assert result.returncode == 2 and "shard.json is damaged" in result.stderr

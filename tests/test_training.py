@@ -218,3 +218,33 @@ def test_bf16_autocast_trains_with_float32_weights(dataset, tmp_path):
     assert result.metrics[0]["loss"] == result.metrics[0]["loss"]  # finite, not NaN
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert all(t.dtype == torch.float32 for k, t in state["model"].items() if t.is_floating_point())
+
+
+def test_schedule_replans_when_resumed_with_more_epochs():
+    """Warmup then cosine to 0; a resumed run with a new train.epochs anneals to 0 at its new end."""
+    import math
+
+    from receipt_embed.training.trainer import _scheduler
+
+    def lrs(epochs, start_state=None, steps=None):
+        param = torch.nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.AdamW([param], lr=1.0)
+        scheduler = _scheduler(optimizer, 10, load_config(overrides=[f"train.epochs={epochs}", "train.warmup_epochs=1"]))
+        if start_state is not None:
+            optimizer.load_state_dict(start_state[0])
+            scheduler.load_state_dict(start_state[1])
+        out = []
+        for _ in range(steps if steps is not None else 10 * epochs):
+            optimizer.step()
+            scheduler.step()
+            out.append(optimizer.param_groups[0]["lr"])
+        return out, (optimizer.state_dict(), scheduler.state_dict())
+
+    straight, _ = lrs(4)
+    assert straight[4] == pytest.approx(0.01 + 0.99 * 5 / 10)  # warmup
+    assert straight[-1] == pytest.approx(0.0, abs=1e-12)
+    assert straight[19] == pytest.approx(0.5 * (1 + math.cos(math.pi * 10 / 30)))
+    first, state = lrs(2)
+    resumed, _ = lrs(4, state, steps=20)
+    assert resumed[-1] == pytest.approx(0.0, abs=1e-12)
+    assert all(b <= a + 1e-12 for a, b in zip(resumed, resumed[1:]))  # no climbing back up

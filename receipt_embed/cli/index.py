@@ -51,7 +51,7 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
     options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log}
     given = {name for name in ("split", "features", "batch_size", "target_recall", "train_size")
              if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
-    if factory.replace(" ", "") in ("Flat", "IDMap,Flat") and given & {"target_recall", "train_size"}:
+    if shard is None and factory.replace(" ", "") in ("Flat", "IDMap,Flat") and given & {"target_recall", "train_size"}:
         click.echo(f"Warning: {factory} is exact: --target-recall and --train-size do not apply", err=True)
     try:
         if embeddings_file is not None:
@@ -74,8 +74,11 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
             if shard is not None:
                 from receipt_embed.indexing.shards import parse_shard
 
-                if ctx.get_parameter_source("factory") is not click.core.ParameterSource.DEFAULT:
-                    raise InputError("--factory belongs to `index-merge`: a shard holds vectors, the merge builds the index")
+                merge_options = [f"--{name.replace('_', '-')}" for name in ("factory", "target_recall", "train_size")
+                                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+                if merge_options:
+                    raise InputError(f"{', '.join(merge_options)} belong(s) to `index-merge`: a shard holds vectors, "
+                                     "the merge builds the index")
                 meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split, features=features,
                                      batch_size=batch_size, progress=not quiet and sys.stderr.isatty(),
                                      shard=parse_shard(shard), log=log)

@@ -26,8 +26,33 @@ def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, 
     return target
 
 
+def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int) -> None:
+    """Checks made once, before launching N processes (so a mistake is one line, exit 2)."""
+    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
+    from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
+    from receipt_embed.training.trainer import LAST
+
+    identities = len(select_split(load_dataset_dir(data_dir), "train").identities)
+    batch = min(config.train.batch_size, identities)
+    if batch % nproc:
+        raise ValueError(f"train.batch_size {batch} does not split over {nproc} processes; use a multiple of {nproc}")
+    last = out / LAST
+    if resume:
+        saved = load_checkpoint(last).get("world_size", 1)
+        if saved != nproc:
+            raise CheckpointError(f"{last} was written by a run over {saved} process(es); resume it with the same "
+                                  f"number (--nproc {saved}), not {nproc}: the global batches would differ")
+    elif last.exists():
+        raise CheckpointError(f"{out} already holds a run ({last}); pass --resume to continue it or choose another --out")
+
+
 def launch_torchrun(nproc: int) -> int:
-    """Re-run this command line under torchrun with ``nproc`` processes; returns its exit code."""
+    """Re-run this command line under torchrun with ``nproc`` processes; returns its exit code.
+
+    SIGINT/SIGTERM are passed on to torchrun (which stops the ranks; rank 0 saves last.pt)
+    and the launcher waits for it, then exits with 130 as a single-process run would."""
+    import shlex
+    import signal
     import subprocess
 
     args, skip = [], False
@@ -40,9 +65,25 @@ def launch_torchrun(nproc: int) -> int:
             args.append(arg)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "receipt_embed", *args]
-    click.echo(f"launching {nproc} processes: torchrun --standalone --nproc-per-node={nproc} -m receipt_embed "
-               + " ".join(args), err=True)
-    return subprocess.call(command)
+    click.echo("launching " + shlex.join(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "receipt_embed", *args]),
+               err=True)
+    child = subprocess.Popen(command)
+    received = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+        while child.poll() is None:  # a signal interrupted the wait
+            code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 130 if received else code
 
 
 @click.command()
@@ -63,7 +104,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
 
     SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130); --resume continues.
     --nproc N (or `torchrun --nproc-per-node N -m receipt_embed train ...`) splits each global
-    batch over N processes; the loss still sees the whole batch."""
+    batch over N processes; the loss still sees the whole batch. Needs --data."""
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -72,8 +113,6 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
             raise InputError("distributed training needs --data DATASET_DIR (run `receipt-embed ingest` first)")
         if sweep is not None:
             raise InputError("--sweep runs one process per value; it cannot be combined with --nproc")
-    if nproc > 1 and world == 1:
-        raise SystemExit(launch_torchrun(nproc))
     from receipt_embed.config import ConfigError
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
@@ -83,6 +122,12 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     config = resolve_config(config_file, overrides)
     registry = load_registry(ctx, config)
     check_components(config, registry)
+    if nproc > 1 and world == 1:
+        try:
+            preflight(config, data_dir, Path(out_dir), resume, nproc)
+        except (CheckpointError, FileNotFoundError, ValueError) as exc:
+            raise InputError(str(exc)) from None
+        raise SystemExit(launch_torchrun(nproc))
     progress = not quiet and sys.stderr.isatty()
     log = lambda message: click.echo(message, err=True)  # noqa: E731
     out = Path(out_dir)
@@ -103,7 +148,8 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     except TrainingDiverged as exc:
         raise click.ClickException(str(exc)) from None
     except TrainingInterrupted as exc:
-        click.echo(str(exc), err=True)
+        if int(os.environ.get("RANK", "0")) == 0:
+            click.echo(str(exc), err=True)
         raise SystemExit(130) from None
     if int(os.environ.get("RANK", "0")) != 0:
         return

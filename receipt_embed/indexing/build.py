@@ -48,14 +48,18 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
         from receipt_embed.indexing.shards import shard_rows, write_shard
 
         start, end = shard_rows(len(rows), *shard)
+        if start == end:
+            raise ValueError(f"shard {shard[0]}/{shard[1]} of {len(rows)} captures is empty; use at most {len(rows)} shards")
         rows = rows[start:end]
         log(f"shard {shard[0]}/{shard[1]}: rows {start}..{end - 1} of {len(captures)} captures ({split})")
         embeddings = embed_paths_checked(loaded, [r["path"] for r in rows], features, batch_size, progress)
-        meta = {**source, "features": features, "shard": shard[0], "shards": shard[1], "total": len(captures),
-                "rows": [start, end]}
+        meta = {**source, "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"), "features": features,
+                "shard": shard[0], "shards": shard[1], "total": len(captures), "rows": [start, end]}
         return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta)
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
     embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress)
+    if (Path(out) / "shard.json").exists():
+        raise ValueError(f"--out {out} is a shard dir; write the index to its own dir")
     built = build_index(embeddings, factory, log=log, **build_options)
     return write_index_dir(out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features)
 

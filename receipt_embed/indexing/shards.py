@@ -37,6 +37,8 @@ def shard_rows(total: int, shard: int, shards: int) -> tuple[int, int]:
 
 def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: dict) -> dict:
     out = Path(out)
+    if (out / "index.json").exists():
+        raise ValueError(f"--out {out} holds an index dir; write the shard to its own dir")
     out.mkdir(parents=True, exist_ok=True)
     (out / SHARD_FILE).unlink(missing_ok=True)
     with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:
@@ -52,25 +54,33 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
     path = Path(path)
     if not (path / SHARD_FILE).is_file():
         raise IndexDirError(f"{path / SHARD_FILE} not found: {path} is not a complete shard from `index --shard`")
-    meta = json.loads((path / SHARD_FILE).read_text(encoding="utf-8"))
-    for name, digest in meta["files"].items():
+    try:
+        meta = json.loads((path / SHARD_FILE).read_text(encoding="utf-8"))
+        files = meta["files"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise IndexDirError(f"{path / SHARD_FILE} is damaged ({exc}); re-run that shard") from None
+    for name, digest in files.items():
         if not (path / name).is_file() or sha256_file(path / name) != digest:
             raise IndexDirError(f"{path / name} is missing or does not match {SHARD_FILE}: re-run that shard")
     vectors = np.load(path / EMBEDDINGS_FILE, allow_pickle=False)
     items = read_jsonl(path / ITEMS_FILE)
     if len(items) != meta["count"] or vectors.shape != (meta["count"], meta["dim"]):
         raise IndexDirError(f"{path}: {SHARD_FILE} records {meta['count']} rows, the files disagree")
+    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+    if len(bad):
+        raise IndexDirError(f"{path / EMBEDDINGS_FILE}: row {bad[0]} holds NaN or Inf ({len(bad)} such rows)")
     return meta, vectors, items
 
 
 def check_shards(metas: list[tuple[Path, dict]]) -> None:
     """The shards come from one job and cover it exactly once."""
     first_path, first = metas[0]
-    same = ("checkpoint_sha256", "dataset", "split", "features", "shards", "total")
+    same = ("checkpoint_sha256", "dataset", "dataset_sha256", "split", "features", "shards", "total")
     for path, meta in metas[1:]:
         for key in same:
             if meta.get(key) != first.get(key):
-                raise ValueError(f"shards differ in {key}: {first_path} has {first.get(key)!r}, {path} has {meta.get(key)!r}")
+                what = "the dataset's manifest.jsonl (its sha256)" if key == "dataset_sha256" else key
+                raise ValueError(f"shards differ in {what}: {first_path} has {first.get(key)!r}, {path} has {meta.get(key)!r}")
     seen: dict[int, Path] = {}
     for path, meta in metas:
         if meta["shard"] in seen:
@@ -89,6 +99,12 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path, *, factory: str 
     from receipt_embed.indexing.factory import build_index
     from receipt_embed.indexing.index_dir import write_index_dir
 
+    target = Path(out).resolve()
+    for shard_dir in shard_dirs:
+        if Path(shard_dir).resolve() == target:
+            raise ValueError(f"--out {out} is one of the shards being merged; write the index elsewhere")
+    if (target / SHARD_FILE).exists():
+        raise ValueError(f"--out {out} is a shard dir; write the merged index to a new dir")
     loaded = [(Path(p), *read_shard(p)) for p in shard_dirs]
     check_shards([(path, meta) for path, meta, _, _ in loaded])
     loaded.sort(key=lambda entry: entry[1]["shard"])
@@ -98,5 +114,6 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path, *, factory: str 
     log(f"merging {len(loaded)} shards: {len(items)} items of dim {vectors.shape[1]}")
     built = build_index(vectors, factory, log=log, **build_options)
     source = {"kind": "checkpoint", "checkpoint": meta["checkpoint"], "checkpoint_sha256": meta["checkpoint_sha256"],
-              "dataset": meta["dataset"], "split": meta["split"], "shards": meta["shards"]}
+              "dataset": meta["dataset"], "dataset_sha256": meta.get("dataset_sha256"), "split": meta["split"],
+              "shards": meta["shards"]}
     return write_index_dir(out, built, vectors, items, source, meta["features"])

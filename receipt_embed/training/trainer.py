@@ -11,6 +11,7 @@ continues from it and reproduces the uninterrupted run (exactly, in deterministi
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from contextlib import contextmanager, nullcontext
@@ -89,13 +90,21 @@ def _check_resume_config(saved: dict, current: dict, path: Path) -> None:
 
 
 def _scheduler(optimizer, steps_per_epoch: int, config: Config):
+    """Linear warmup from 1% then cosine decay to 0 at the last step of ``train.epochs``.
+
+    The factor is a pure function of the step and the *current* plan, so a run resumed with a
+    different ``train.epochs`` re-plans its cosine over the new total and still anneals to 0
+    at its end (a stateful cosine would keep the old period and climb back up)."""
     total = max(1, steps_per_epoch * config.train.epochs)
     warmup = min(total - 1, round(config.train.warmup_epochs * steps_per_epoch))
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total - warmup))
-    if warmup <= 0:
-        return cosine
-    linear = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1e-2, total_iters=warmup)
-    return torch.optim.lr_scheduler.SequentialLR(optimizer, [linear, cosine], milestones=[warmup])
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return 0.01 + 0.99 * step / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 @contextmanager
@@ -380,27 +389,39 @@ class Trainer:
                     elapsed = self.sums["seconds"] + time.perf_counter() - started
                     bar.set_postfix(loss=f"{loss:.4f}", views_s=f"{self.sums['views'] / max(elapsed, 1e-9):.0f}")
                     bar.update()
-                    if received:
+                    if self._any_rank(received):  # all ranks stop after the same step
                         self.sums["seconds"] = elapsed
                         if self.ctx.is_main:
                             save_checkpoint(self.run_dir / LAST, self._state())
                         bar.close()
                         raise TrainingInterrupted(
-                            f"{received[0]} received: saved {self.run_dir / LAST} at epoch {self.epoch + 1}, "
-                            f"step {self.step}; continue with --resume"
+                            f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
+                            f"at epoch {self.epoch + 1}, step {self.step}; continue with --resume"
                         )
                 bar.close()
                 self.sums["seconds"] += time.perf_counter() - started
                 line = self._end_epoch()
                 result.metrics.append(line)
                 self.log(self._describe(line))
-                if received and self.epoch < epochs:  # arrived during evaluation: last.pt is saved
+                if self._any_rank(received) and self.epoch < epochs:  # arrived during evaluation: last.pt is saved
                     raise TrainingInterrupted(
-                        f"{received[0]} received: saved {self.run_dir / LAST} after epoch {self.epoch}; continue with --resume"
+                        f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
+                        f"after epoch {self.epoch}; continue with --resume"
                     )
         result.best_epoch = self.best["epoch"] if self.best else None
         result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
         return result
+
+    def _any_rank(self, received: list) -> bool:
+        """Whether any rank got a stop signal (one tiny all-reduce per step when distributed),
+        so that every rank stops after the same step instead of waiting on a gone peer."""
+        if not self.ctx.distributed:
+            return bool(received)
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if received else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _end_epoch(self) -> dict:
         sums = self.sums
@@ -415,8 +436,8 @@ class Trainer:
         }
         if "loss_stats" in sums:
             line["loss_stats"] = sums["loss_stats"]
+        line["world_size"] = self.ctx.world_size
         if self.ctx.distributed:
-            line["world_size"] = self.ctx.world_size
             if self.rank_batches is not None and sums["steps"]:
                 # the loader may run ahead of training by a few prefetched batches; the count
                 # is per global batch drawn this epoch

@@ -1,0 +1,97 @@
+"""Contract checks for plugin authors: call them from your own tests.
+
+    from receipt_embed.testing import check_loss
+    def test_my_loss():
+        check_loss(MyLoss(temperature=0.1))
+
+Each check raises ``AssertionError`` with a message saying which rule a component broke.
+The built-in components and the examples in ``plugins/`` pass the same checks
+(``tests/test_contracts.py`` runs them over the whole registry).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _two_view_batch(identities: int, dim: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(2 * identities, dim, generator=g, dtype=torch.float64)
+    labels = torch.arange(identities).repeat(2)
+    return z, labels
+
+
+def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = True, seed: int = 0) -> None:
+    """A loss called as ``loss(embeddings, labels)`` on two-view batches ``[first; second]``:
+    returns a finite scalar; gradients reach the embeddings; invariant to the order of the
+    identities in the batch; and (``label_aware``) reads the labels: a row of the same
+    identity is never treated like another receipt's. A ``torch.nn.Module`` is put in eval mode
+    first, so every call sees the same state."""
+    import torch
+
+    if isinstance(loss, torch.nn.Module):
+        loss.eval()  # stateful losses (a MoCo queue) leave their state alone in eval mode
+    z, labels = _two_view_batch(identities, dim, seed)
+    z.requires_grad_(True)
+    value = loss(z, labels)
+    assert torch.is_tensor(value) and value.dim() == 0, f"the loss must return a scalar tensor, got {value!r}"
+    assert torch.isfinite(value), f"the loss is not finite: {value.item()}"
+    (grad,) = torch.autograd.grad(value, z)
+    assert torch.isfinite(grad).all(), "gradients with respect to the embeddings are not finite"
+    assert grad.abs().sum() > 0, "no gradient reaches the embeddings"
+
+    order = torch.randperm(identities, generator=torch.Generator().manual_seed(seed + 1))
+    rows = torch.cat([order, order + identities])
+    permuted = loss(z.detach()[rows], labels[rows])
+    assert torch.allclose(permuted, value.detach(), rtol=1e-5, atol=1e-6), (
+        f"the loss depends on the order of identities in the batch: {value.item()} vs {permuted.item()}")
+
+    if label_aware:
+        # identities 0 and 1 become one receipt: a contrastive loss must stop counting them as negatives
+        merged = labels.clone()
+        merged[merged == 1] = 0
+        merged_value = loss(z.detach(), merged)
+        assert not torch.allclose(merged_value, value.detach(), rtol=1e-6, atol=1e-9), (
+            "the loss ignores the identity labels: rows of one receipt are still treated as negatives")
+
+
+def check_encoder(encoder, *, image_size=(64, 32), in_channels: int = 1, batch: int = 2) -> None:
+    """Images (N, C, H, W) -> finite features (N, encoder.feature_dim)."""
+    import torch
+
+    assert isinstance(getattr(encoder, "feature_dim", None), int), "an encoder must expose an int feature_dim"
+    encoder.eval()
+    with torch.no_grad():
+        out = encoder(torch.rand(batch, in_channels, *image_size))
+    assert tuple(out.shape) == (batch, encoder.feature_dim), (
+        f"expected features of shape {(batch, encoder.feature_dim)}, got {tuple(out.shape)}")
+    assert torch.isfinite(out).all(), "the encoder returned non-finite features"
+
+
+def check_augmentation(transform, *, image_size=(64, 32), source_size=(90, 50), seed: int = 0) -> None:
+    """uint8 H x W x 3 in, uint8 image_size x 3 out; the same seed gives the same view."""
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, size=(*source_size, 3), dtype=np.uint8)
+    outputs = []
+    for _ in range(2):
+        transform.set_random_seed(seed)
+        outputs.append(transform(image=image)["image"])
+    for out in outputs:
+        assert isinstance(out, np.ndarray) and out.dtype == np.uint8, f"views must be uint8 arrays, got {type(out)}"
+        assert out.shape == (*image_size, 3), f"views must be {(*image_size, 3)}, got {out.shape}"
+    assert np.array_equal(outputs[0], outputs[1]), "the same seed must give the same view (resumable runs need it)"
+
+
+def check_sampler(sampler, labels, *, epochs: int = 2) -> None:
+    """Batches of valid capture indices, ``len(sampler)`` of them, the same for the same epoch."""
+    n = len(labels)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        batches = [list(b) for b in sampler]
+        assert len(batches) == len(sampler), f"len(sampler) is {len(sampler)} but it yielded {len(batches)} batches"
+        assert batches and all(len(b) >= 2 for b in batches), "every batch needs at least 2 views"
+        assert all(0 <= int(i) < n for b in batches for i in b), "a batch holds an index outside the dataset"
+        sampler.set_epoch(epoch)
+        assert batches == [list(b) for b in sampler], "the same epoch must give the same batches (resumable runs)"

@@ -1,0 +1,91 @@
+"""Every registered component (built-ins and the plugins/ examples) passes the contract
+checks that receipt_embed.testing offers plugin authors; the checks themselves catch
+broken components."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from receipt_embed.plugin_manager import PluginLoader
+from receipt_embed.testing import check_augmentation, check_encoder, check_loss, check_sampler
+
+REPO = Path(__file__).resolve().parents[1]
+NOT_LABEL_AWARE = {"vicreg", "align_uniform"}  # non-contrastive: no negatives to mask
+
+
+def _registry():
+    loader = PluginLoader(strict=True)
+    loader.load_builtins()
+    loader.load_folder(REPO / "plugins", required=True)
+    loader.collect_components()
+    return loader.registry
+
+
+REGISTRY = _registry()
+
+
+def _names(kind):
+    return sorted(REGISTRY.names(kind))
+
+
+@pytest.mark.parametrize("name", _names("loss"))
+def test_losses_keep_the_contract(name):
+    # MoCo reads labels where the batch meets itself: with in-batch negatives on
+    params = {"dim": 16, "queue_size": 32, "in_batch_negatives": True} if name == "moco" else {}
+    check_loss(REGISTRY.create("loss", name, temperature=0.2, **params), label_aware=name not in NOT_LABEL_AWARE)
+
+
+@pytest.mark.parametrize("name", _names("encoder"))
+def test_encoders_keep_the_contract(name):
+    encoder = REGISTRY.create("encoder", name, pretrained=None, in_channels=1, pooling="grid", grid=(4, 2))
+    check_encoder(encoder, image_size=(96, 64), in_channels=1)
+
+
+@pytest.mark.parametrize("name", _names("augmentation"))
+def test_augmentations_keep_the_contract(name):
+    check_augmentation(REGISTRY.create("augmentation", name, image_size=(64, 32)), image_size=(64, 32))
+
+
+@pytest.mark.parametrize("name", _names("sampler"))
+def test_samplers_keep_the_contract(name):
+    labels = np.repeat(np.arange(20), 3).tolist()
+    check_sampler(REGISTRY.create("sampler", name, identities=labels, batch_size=4, seed=0), labels)
+
+
+def test_the_checks_catch_broken_components():
+    class IgnoresLabels(torch.nn.Module):
+        def forward(self, z, labels):
+            return (z ** 2).mean()
+
+    class OrderDependent(torch.nn.Module):
+        def forward(self, z, labels):
+            return z[0].sum() ** 2
+
+    class NoGradient(torch.nn.Module):
+        def forward(self, z, labels):
+            return torch.tensor(1.0)
+
+    with pytest.raises(AssertionError, match="ignores the identity labels"):
+        check_loss(IgnoresLabels())
+    with pytest.raises(AssertionError, match="order of identities"):
+        check_loss(OrderDependent(), label_aware=False)
+    with pytest.raises((AssertionError, RuntimeError)):
+        check_loss(NoGradient(), label_aware=False)
+
+    class WrongDim(torch.nn.Module):
+        feature_dim = 10
+
+        def forward(self, x):
+            return x.flatten(1)[:, :5]
+
+    with pytest.raises(AssertionError, match="expected features of shape"):
+        check_encoder(WrongDim())
+
+    import albumentations as A
+
+    with pytest.raises(AssertionError, match="must be"):
+        check_augmentation(A.Compose([A.Resize(10, 10)]), image_size=(64, 32))

@@ -102,9 +102,10 @@ def _describe(values: np.ndarray) -> dict:
     return {"mean": float(values.mean()), **{f"q{int(q * 100):02d}": float(np.quantile(values, q)) for q in QUANTILES}}
 
 
-def similarity_figures(x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int = 4000,
-                       seed: int = 0) -> dict:
-    """Cosine similarities of all pairs among at most ``max_items`` items (seeded subset)."""
+def pair_similarities(x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """Cosine similarities of all pairs i < j among at most ``max_items`` items (a seeded
+    subset), split into positives, negatives, and negatives sharing or not sharing the value."""
     subset = np.arange(len(x))
     if len(x) > max_items:
         subset = np.sort(np.random.default_rng(seed).choice(len(x), max_items, replace=False))
@@ -113,11 +114,17 @@ def similarity_figures(x: np.ndarray, labels: np.ndarray, values: np.ndarray, ma
     same_label = labels[subset][:, None] == labels[subset][None, :]
     same_value = values[subset][:, None] == values[subset][None, :]
     return {
-        "positive": _describe(sims[upper & same_label]),
-        "negative": _describe(sims[upper & ~same_label]),
-        "same_attr_negative": _describe(sims[upper & ~same_label & same_value]),
-        "cross_attr_negative": _describe(sims[upper & ~same_label & ~same_value]),
+        "positive": sims[upper & same_label],
+        "negative": sims[upper & ~same_label],
+        "same_attr_negative": sims[upper & ~same_label & same_value],
+        "cross_attr_negative": sims[upper & ~same_label & ~same_value],
     }
+
+
+def similarity_figures(x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int = 4000,
+                       seed: int = 0) -> dict:
+    """Means and quantiles of :func:`pair_similarities`."""
+    return {kind: _describe(sims) for kind, sims in pair_similarities(x, labels, values, max_items, seed).items()}
 
 
 def flag(figures: dict, rule: FlagRule, n_items: int) -> tuple[str, list[str]]:

@@ -38,24 +38,20 @@ def _figure(width=6.0, height=3.6):
 def similarity_histogram(x: np.ndarray, labels: np.ndarray, values: np.ndarray, attribute: str,
                          max_items: int = 3000, seed: int = 0) -> str:
     """Positives against negatives, negatives split by same / other attribute value."""
-    subset = np.arange(len(x))
-    if len(x) > max_items:
-        subset = np.sort(np.random.default_rng(seed).choice(len(x), max_items, replace=False))
-    sims = x[subset] @ x[subset].T
-    upper = np.triu(np.ones_like(sims, dtype=bool), k=1)
-    same_label = labels[subset][:, None] == labels[subset][None, :]
-    same_value = values[subset][:, None] == values[subset][None, :]
-    fig, ax = _figure()
-    values_upper = sims[upper]
-    low = float(np.floor(min(values_upper.min(), 0.0) * 10) / 10) if values_upper.size else -1.0
+    from receipt_embed.audit.figures import pair_similarities
+
+    pairs = pair_similarities(x, labels, values, max_items, seed)
+    every = np.concatenate([pairs["positive"], pairs["negative"]])
+    low = float(np.floor(min(every.min(), 0.0) * 10) / 10) if every.size else -1.0
     bins = np.linspace(low, 1, 61)
-    for mask, name, colour in (
-        (upper & same_label, "positives (same receipt)", "tab:green"),
-        (upper & ~same_label & same_value, f"negatives, same {attribute}", "tab:red"),
-        (upper & ~same_label & ~same_value, f"negatives, other {attribute}", "tab:blue"),
+    fig, ax = _figure()
+    for kind, name, colour in (
+        ("positive", "positives (same receipt)", "tab:green"),
+        ("same_attr_negative", f"negatives, same {attribute}", "tab:red"),
+        ("cross_attr_negative", f"negatives, other {attribute}", "tab:blue"),
     ):
-        if mask.any():
-            ax.hist(sims[mask], bins=bins, density=True, histtype="stepfilled", alpha=0.4, color=colour, label=name)
+        if pairs[kind].size:
+            ax.hist(pairs[kind], bins=bins, density=True, histtype="stepfilled", alpha=0.4, color=colour, label=name)
     ax.set_xlabel("cosine similarity")
     ax.set_ylabel("density")
     ax.set_title(f"Similarity of pairs, split by {attribute}")

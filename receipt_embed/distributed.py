@@ -49,6 +49,14 @@ def init_from_env(backend: str | None = None) -> DistContext:
     return DistContext(dist.get_rank(), dist.get_world_size())
 
 
+def shutdown() -> None:
+    """Leave the process group cleanly: wait for every rank, then destroy it (letting it be
+    torn down at interpreter exit can abort a rank while gloo threads still run)."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def gather_rows(local: torch.Tensor, differentiable: bool = True) -> torch.Tensor:
     """Rows of every rank, in rank order, (W * n, ...); all ranks must pass n rows."""
     if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -15,7 +15,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from receipt_embed import create_loss
-from receipt_embed.distributed import global_loss, identity_slice, init_from_env
+from receipt_embed.distributed import global_loss, identity_slice, init_from_env, shutdown
 
 
 def model_and_batch(identities: int = 8, views: int = 2, dim: int = 16):
@@ -60,7 +60,7 @@ def main(out: str, loss_name: str, mode: str) -> None:
     loss.backward()
     torch.save({"loss": loss.detach(), "grads": [p.grad.detach().clone() for p in model.parameters()],
                 "state": {k: v.clone() for k, v in loss_fn.state_dict().items()}}, out)
-    torch.distributed.destroy_process_group()
+    shutdown()
 
 
 if __name__ == "__main__":

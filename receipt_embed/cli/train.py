@@ -151,6 +151,10 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
         if int(os.environ.get("RANK", "0")) == 0:
             click.echo(str(exc), err=True)
         raise SystemExit(130) from None
+    if world > 1:
+        from receipt_embed.distributed import shutdown
+
+        shutdown()
     if int(os.environ.get("RANK", "0")) != 0:
         return
     best = f"best val recall@1 {result.best_recall_at_1:.3f} at epoch {result.best_epoch}" if result.best_epoch else "no val split"

@@ -35,3 +35,32 @@ def builtin_registry():
     loader.load_builtins()
     loader.collect_components()
     return loader.registry
+
+
+# a model small enough to train one epoch on data_samples/ in seconds
+TINY_TRAINING = ["data.image_size=[64,32]", "train.batch_size=8", "train.eval_batch_size=64", "train.bn_recalibrate=32",
+                 "model.head_hidden=64", "model.head_dim=32", "train.epochs=1"]
+
+
+def train_tiny(base: Path) -> tuple[Path, Path]:
+    """data_samples/ ingested into BASE/dataset and one tiny epoch trained into BASE/run;
+    returns (dataset dir, best checkpoint)."""
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+    from receipt_embed.training.trainer import train
+
+    ingest(REPO / "data_samples", base / "dataset", load_config().ingest)
+    train(load_config(overrides=TINY_TRAINING), base / "dataset", base / "run", builtin_registry(), progress=False,
+          log=lambda m: None)
+    return base / "dataset", base / "run" / "checkpoints" / "best.pt"
+
+
+def registry_with_examples():
+    """Built-ins plus the worked examples in plugins/, loaded by folder discovery (strict)."""
+    from receipt_embed.plugin_manager import PluginLoader
+
+    loader = PluginLoader(strict=True)
+    loader.load_builtins()
+    loader.load_folder(REPO / "plugins", required=True)
+    loader.collect_components()
+    return loader.registry

@@ -14,15 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import builtin_registry
+from conftest import train_tiny
 from receipt_embed.audit.figures import FlagRule, audit_figures
-from receipt_embed.config import load_config
-from receipt_embed.ingest import ingest
-from receipt_embed.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["data.image_size=[64,32]", "train.batch_size=8", "train.eval_batch_size=64", "train.bn_recalibrate=32",
-        "model.head_hidden=64", "model.head_dim=32", "train.epochs=1"]
 
 
 def synthetic(alpha: float, receipts: int = 120, devices: int = 3, dim: int = 48, seed: int = 0, shuffle: bool = False):
@@ -140,9 +135,7 @@ def indexes(tmp_path_factory):
     from receipt_embed.images import load_resized
 
     base = tmp_path_factory.mktemp("audit")
-    ingest(REPO / "data_samples", base / "dataset", load_config().ingest)
-    train(load_config(overrides=TINY), base / "dataset", base / "run", builtin_registry(), progress=False,
-          log=lambda m: None)
+    train_tiny(base)
     result = run_cli("index", "--checkpoint", base / "run" / "checkpoints" / "best.pt", "--data", base / "dataset",
                      "--out", base / "trained", "-q")
     assert result.returncode == 0, result.stderr

@@ -4,28 +4,18 @@ broken components."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from receipt_embed.plugin_manager import PluginLoader
+from conftest import registry_with_examples
 from receipt_embed.testing import check_augmentation, check_encoder, check_loss, check_sampler
 
-REPO = Path(__file__).resolve().parents[1]
 NOT_LABEL_AWARE = {"vicreg", "align_uniform"}  # non-contrastive: no negatives to mask
 
 
-def _registry():
-    loader = PluginLoader(strict=True)
-    loader.load_builtins()
-    loader.load_folder(REPO / "plugins", required=True)
-    loader.collect_components()
-    return loader.registry
-
-
-REGISTRY = _registry()
+REGISTRY = registry_with_examples()
 
 
 def _names(kind):

@@ -10,18 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from receipt_embed.plugin_manager import PluginLoader
+from conftest import registry_with_examples
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def registry():
-    loader = PluginLoader(strict=True)
-    loader.load_builtins()
-    loader.load_folder(REPO / "plugins", required=True)
-    loader.collect_components()
-    return loader.registry
+    return registry_with_examples()
 
 
 def _batch(b=12, d=8, seed=0):

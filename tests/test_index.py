@@ -6,33 +6,22 @@ import csv
 import json
 import shutil
 import warnings
-from pathlib import Path
 
 import faiss
 import numpy as np
 import pytest
 
-from conftest import builtin_registry
-from receipt_embed.config import load_config
+from conftest import builtin_registry, train_tiny
 from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
 from receipt_embed.embedding import embed_paths, load_model
 from receipt_embed.indexing import IndexBuildError, IndexDirError, all_pairs, build_index, load_index_dir
 from receipt_embed.indexing.index_dir import sha256_file
-from receipt_embed.ingest import ingest
-from receipt_embed.training.trainer import train
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["data.image_size=[64,32]", "train.batch_size=8", "train.eval_batch_size=64", "train.bn_recalibrate=32",
-        "model.head_hidden=64", "model.head_dim=32", "train.epochs=1"]
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    base = tmp_path_factory.mktemp("index")
-    ingest(REPO / "data_samples", base / "dataset", load_config().ingest)
-    train(load_config(overrides=TINY), base / "dataset", base / "run", builtin_registry(), progress=False,
-          log=lambda m: None)
-    return base / "dataset", base / "run" / "checkpoints" / "best.pt"
+    return train_tiny(tmp_path_factory.mktemp("index"))
 
 
 @pytest.fixture(scope="module")

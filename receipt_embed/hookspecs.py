@@ -7,8 +7,14 @@ Every ``register_*`` hook receives a ``register`` callback; call it once per com
 ``factory(**params)`` builds the component from its config parameters. Built-in components
 are registered through these same hooks (see ``receipt_embed/builtins/``).
 
-Versioning: hooks are only ever added. A hook's name and arguments do not change within a
-major version; new keyword arguments of ``register`` are optional.
+Two hooks are called at points of the pipeline instead: ``on_epoch_end`` after each training
+epoch, and ``register_audit_checks`` adds figures to ``audit-shortcuts``.
+
+Versioning (the promise in ``docs/plugins.md``): hooks are only ever added within a major
+version. A hook's name and the meaning of its arguments do not change; new arguments may be
+added, which is safe because pluggy passes an implementation only the arguments it names.
+New keyword arguments of ``register`` are optional. ``HOOKSPEC_VERSION`` names the version
+that last added a hook or an argument.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import pluggy
 
 PROJECT_NAME = "receipt_embed"
+HOOKSPEC_VERSION = "0.2"  # 0.1: the four register_* hooks; 0.2: sampler metadata, on_epoch_end, register_audit_checks
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -42,4 +49,28 @@ def register_augmentations(register):
 @hookspec
 def register_samplers(register):
     """Register batch samplers: ``factory(identities, batch_size, seed, **params)`` returns an
-    iterable of batches of dataset indices."""
+    iterable of batches of dataset indices, with ``__len__`` and ``set_epoch(epoch)``.
+
+    ``identities[i]`` is the integer receipt label of capture ``i``. A factory that declares a
+    ``metadata`` parameter also receives the manifest rows, ``metadata[i]`` being capture
+    ``i``'s row (path, receipt_id, device and any other column) - to batch by merchant, say."""
+
+
+@hookspec
+def register_audit_checks(register):
+    """Register extra figures for ``audit-shortcuts``: ``factory()`` returns a callable
+    ``check(context)`` taking an :class:`receipt_embed.audit.checks.AuditContext` and returning
+    a dict with ``figures`` (JSON-ready) and optionally ``summary`` (one line), ``flagged``
+    (bool; ``--fail-on-shortcut`` fails on it) and ``plot`` (a matplotlib figure)."""
+
+
+@hookspec
+def on_epoch_end(run_dir, epoch, metrics, model, config):
+    """Called after each training epoch, once its line is in ``metrics.jsonl`` and
+    ``checkpoints/last.pt`` is saved (on the main process only, under torchrun).
+
+    ``run_dir`` (Path), ``epoch`` (1-based int), ``metrics`` (a copy of the metrics line),
+    ``model`` (the Embedder, in eval mode; do not modify it), ``config`` (the run's Config).
+    Use it to send figures to an experiment tracker or to copy checkpoints elsewhere. The
+    return value is ignored; an exception is reported as a warning naming the plugin and
+    training goes on (fatal with ``--strict-plugins``)."""

@@ -57,7 +57,7 @@ class PluginLoader:
         self.strict = strict
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
-        self.registry = Registry()
+        self.registry = Registry(plugin_manager=self.pm, strict=strict)
         self.blocked_seen: set[str] = set()
         for name in disabled_plugins():
             self.pm.set_blocked(name)
@@ -163,6 +163,39 @@ class PluginLoader:
         seen = set(self.registry.plugins) | set(self.registry.failures) | self.blocked_seen
         for name in sorted(disabled_plugins() - seen):
             warnings.warn(f"{DISABLE_ENV} names {name!r}, which is not a plugin here", PluginLoadWarning, stacklevel=2)
+
+
+class PluginHookWarning(UserWarning):
+    """A plugin's hook raised; the pipeline went on without it."""
+
+
+def hook_implementations(registry: Registry, hook_name: str) -> list:
+    """The loaded implementations of a call hook (empty for a registry built by hand)."""
+    pm = registry.plugin_manager
+    if pm is None:
+        return []
+    return [impl for impl in getattr(pm.hook, hook_name).get_hookimpls() if impl.plugin_name not in registry.failures]
+
+
+def call_hook(registry: Registry, hook_name: str, **kwargs) -> dict[str, object]:
+    """Call ``hook_name`` on every plugin implementing it, one at a time.
+
+    Unlike a plain pluggy call, a plugin that raises does not stop the others: it gets a
+    warning naming it (a PluginLoadError when the plugins were loaded strict). Each implementation receives
+    only the arguments it names, as pluggy does. Returns results by plugin name."""
+    results: dict[str, object] = {}
+    for impl in hook_implementations(registry, hook_name):
+        try:
+            args = [kwargs[name] for name in impl.argnames]
+            optional = {name: kwargs[name] for name in getattr(impl, "kwargnames", ()) if name in kwargs}
+            results[impl.plugin_name] = impl.function(*args, **optional)
+        except Exception as exc:
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            if registry.strict:
+                raise PluginLoadError(f"plugin {impl.plugin_name!r} failed in {hook_name} (--strict-plugins): {detail}") from exc
+            warnings.warn(f"plugin {impl.plugin_name!r} failed in {hook_name} and was skipped: {detail}",
+                          PluginHookWarning, stacklevel=2)
+    return results
 
 
 def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:

@@ -1,4 +1,4 @@
-"""Named components (losses, encoders, augmentations, samplers) and who provides them.
+"""Named components (losses, encoders, augmentations, samplers, audit checks) and who provides them.
 
 The registry is filled by calling each plugin's ``register_*`` hook with a ``register``
 callback bound to that plugin, so every component knows its provider and a name clash can
@@ -17,6 +17,7 @@ KINDS: dict[str, str] = {
     "encoder": "register_encoders",
     "augmentation": "register_augmentations",
     "sampler": "register_samplers",
+    "audit_check": "register_audit_checks",
 }
 
 
@@ -52,6 +53,8 @@ class Registry:
         default_factory=lambda: {kind: {} for kind in KINDS}
     )
     failures: dict[str, str] = field(default_factory=dict)  # plugin name -> error text
+    plugin_manager: Any = None  # the pluggy manager, for the call hooks (on_epoch_end)
+    strict: bool = False  # a plugin failing in a hook is fatal (--strict-plugins) instead of a warning
 
     def add(self, kind: str, plugin: str, name: str, factory: Callable[..., Any], description: str = "") -> None:
         if not isinstance(name, str) or not name:

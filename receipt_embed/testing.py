@@ -95,3 +95,37 @@ def check_sampler(sampler, labels, *, epochs: int = 2) -> None:
         assert all(0 <= int(i) < n for b in batches for i in b), "a batch holds an index outside the dataset"
         sampler.set_epoch(epoch)
         assert batches == [list(b) for b in sampler], "the same epoch must give the same batches (resumable runs)"
+
+
+def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -> None:
+    """An audit check (what a ``register_audit_checks`` factory returns) on a small synthetic
+    index of 20 receipts x 3 devices: returns a dict with a JSON-ready ``figures`` dict, an
+    optional one-line ``summary``, a boolean ``flagged`` and a matplotlib ``plot``; and the
+    same figures when run again (audit reports must be reproducible)."""
+    import json
+    from pathlib import Path
+
+    from receipt_embed.audit.checks import AuditCheckError, AuditContext, _result
+
+    rng = np.random.default_rng(seed)
+    labels = np.arange(items) // 3
+    x = rng.normal(size=(labels.max() + 1, dim))[labels] + 0.5 * rng.normal(size=(items, dim))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{label:03d}", "device": f"d{i % 3}"} for i, label in enumerate(labels)]
+
+    def run():
+        context = AuditContext(x.copy(), [dict(r) for r in rows], labels.copy(), ["device"], 10, Path("index"))
+        try:
+            result = _result("check", "plugin", check(context))
+        except AuditCheckError as exc:
+            raise AssertionError(f"the check's result breaks the contract: {exc}") from None
+        assert "\n" not in result["summary"], "summary must be one line"
+        if result["plot"] is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(result["plot"])
+        return result
+
+    first, second = run(), run()
+    assert json.dumps(first["figures"], sort_keys=True) == json.dumps(second["figures"], sort_keys=True), (
+        "the same index must give the same figures")

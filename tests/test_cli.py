@@ -8,6 +8,8 @@ from pathlib import Path
 
 from receipt_embed import __version__
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def test_help_lists_commands_and_module_entry(cli):
     result = cli("--help")
@@ -30,6 +32,16 @@ def test_help_does_not_import_torch(cli):
     code = "import sys; from receipt_embed.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip().endswith("False")
+
+
+def test_plugin_discovery_does_not_import_torch():
+    """`receipt-embed plugins` from the repository root loads every example plugin; none may
+    import torch at module level (discovery happens in every command)."""
+    code = ("import sys; from receipt_embed.cli import main\ntry:\n    main(['plugins'])\nexcept SystemExit: pass\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert "same_merchant" in out.stdout and "hubness" in out.stdout and "metrics_csv" in out.stdout
+    assert out.stdout.strip().endswith("False"), out.stderr
 
 
 def test_unknown_command(cli):

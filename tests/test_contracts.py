@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import registry_with_examples
-from receipt_embed.testing import check_augmentation, check_encoder, check_loss, check_sampler
+from receipt_embed.testing import check_audit_check, check_augmentation, check_encoder, check_loss, check_sampler
 
 NOT_LABEL_AWARE = {"vicreg", "align_uniform"}  # non-contrastive: no negatives to mask
 
@@ -42,8 +42,17 @@ def test_augmentations_keep_the_contract(name):
 
 @pytest.mark.parametrize("name", _names("sampler"))
 def test_samplers_keep_the_contract(name):
+    from receipt_embed.sampling import build_sampler
+
     labels = np.repeat(np.arange(20), 3).tolist()
-    check_sampler(REGISTRY.create("sampler", name, identities=labels, batch_size=4, seed=0), labels)
+    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{label}", "device": f"d{i % 3}", "merchant": f"m{label % 4}"}
+            for i, label in enumerate(labels)]
+    check_sampler(build_sampler(REGISTRY, name, labels, rows, 4, 0, {}), labels)
+
+
+@pytest.mark.parametrize("name", _names("audit_check"))
+def test_audit_checks_keep_the_contract(name):
+    check_audit_check(REGISTRY.create("audit_check", name))
 
 
 def test_the_checks_catch_broken_components():
@@ -79,3 +88,11 @@ def test_the_checks_catch_broken_components():
 
     with pytest.raises(AssertionError, match="must be"):
         check_augmentation(A.Compose([A.Resize(10, 10)]), image_size=(64, 32))
+
+    with pytest.raises(AssertionError, match="not a dict with a 'figures' dict"):
+        check_audit_check(lambda context: {"skewness": 1.0})
+    with pytest.raises(AssertionError, match="not JSON-ready"):
+        check_audit_check(lambda context: {"figures": {"a": object()}})
+    counter = iter(range(10))
+    with pytest.raises(AssertionError, match="same figures"):
+        check_audit_check(lambda context: {"figures": {"calls": next(counter)}})

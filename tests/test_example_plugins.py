@@ -86,19 +86,21 @@ def test_examples_reject_other_layouts_and_pass_gradients(registry, name):
         loss(z, torch.arange(24))
 
 
-@pytest.mark.parametrize("name", ["align_uniform", "vicreg", "thermal_paper"])
+@pytest.mark.parametrize("name", ["align_uniform", "vicreg", "thermal_paper", "same_merchant"])
 def test_train_uses_the_example_from_the_repository_root(cli, tmp_path, name):
     from receipt_embed.config import load_config
     from receipt_embed.ingest import ingest
 
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
-    choice = f"augment.preset={name}" if name == "thermal_paper" else f"loss.name={name}"
+    choice = {"thermal_paper": f"augment.preset={name}", "same_merchant": f"sampler.name={name}"}.get(name, f"loss.name={name}")
     result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", "--set", choice,
                  "--set", "train.epochs=1", "--set", "data.image_size=[64,32]", "--set", "train.batch_size=8",
                  "--set", "model.head_hidden=64", "--set", "model.head_dim=32", cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert np.isfinite(line["loss"])
+    if name == "same_merchant":
+        assert line["sampler"]["same_group_negatives"] > 2 * line["sampler"]["same_group_negatives_random"]
 
 
 def test_thermal_paper_preset_keeps_image_rules_and_is_reproducible(registry):
@@ -121,3 +123,114 @@ def test_thermal_paper_preset_keeps_image_rules_and_is_reproducible(registry):
     assert np.abs(out[..., 0] - out[..., 2]).max() < 60
     with pytest.raises(ValueError, match="fade must be in"):
         registry.create("augmentation", "thermal_paper", image_size=(128, 64), fade=2.0)
+
+
+def _sample_rows():
+    import csv
+
+    rows = list(csv.DictReader(open(REPO / "data_samples" / "manifest.csv")))
+    receipts = sorted({row["receipt_id"] for row in rows})
+    return rows, [receipts.index(row["receipt_id"]) for row in rows]
+
+
+def test_same_merchant_sampler_fills_batches_with_one_merchant(registry):
+    from receipt_embed.sampling import build_sampler
+    from receipt_embed.testing import check_sampler
+
+    rows, labels = _sample_rows()  # 60 receipts x 3 captures, 8 merchants
+    sampler = build_sampler(registry, "same_merchant", labels, rows, 8, 0, {})
+    check_sampler(sampler, labels)
+    merchant = {label: row["merchant"] for label, row in zip(labels, rows)}
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == 8 and sampler.stats["tail_filled"] == 4
+        receipts = []
+        same = pairs = 0
+        for batch in batches:
+            first, second = batch[:8], batch[8:]
+            # two-view layout: row i and row i + 8 are two different captures of one receipt
+            assert [labels[i] for i in first] == [labels[i] for i in second]
+            assert all(a != b for a, b in zip(first, second))
+            batch_receipts = [labels[i] for i in first]
+            assert len(set(batch_receipts)) == 8
+            receipts += batch_receipts
+            for x in range(8):
+                for y in range(x + 1, 8):
+                    pairs += 1
+                    same += merchant[batch_receipts[x]] == merchant[batch_receipts[y]]
+        assert set(receipts) == set(labels) and len(receipts) == 60 + 4  # each receipt, plus the tail fill
+        assert sampler.stats["same_group_negatives"] == pytest.approx(same / pairs, abs=1e-4)
+        everyone = sorted(set(labels))
+        all_same = sum(merchant[a] == merchant[b] for i, a in enumerate(everyone) for b in everyone[i + 1:])
+        assert sampler.stats["same_group_negatives_random"] == pytest.approx(all_same / (60 * 59 / 2), abs=1e-4)
+        assert same / pairs > 4 * all_same / (60 * 59 / 2)  # ~0.5 against ~0.11 at random
+
+
+def test_same_merchant_sampler_errors_name_the_row_or_receipt(registry):
+    from receipt_embed.sampling import build_sampler
+
+    rows, labels = _sample_rows()
+    with pytest.raises(ValueError, match=r"column 'merchnt' is missing from manifest row 1 \(images/r0000_phone_a.jpg\) "
+                                         r"\(did you mean 'merchant'\?\)"):
+        build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"column": "merchnt"})
+    with pytest.raises(ValueError, match="column 'device' varies within receipt 'r0000'"):
+        build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"column": "device"})
+    blank = [{**row, "merchant": "" if row["receipt_id"] in ("r0000", "r0001") else row["merchant"]} for row in rows]
+    sampler = build_sampler(registry, "same_merchant", labels, blank, 8, 0, {})
+    list(sampler)
+    assert sampler.stats["ungrouped"] == 2
+
+
+def test_hubness_check_matches_a_reference_and_flags_a_hub(registry):
+    from scipy.stats import skew
+
+    from receipt_embed.audit.checks import AuditContext
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    items = [{"receipt_id": f"r{i // 2}", "device": "d"} for i in range(200)]
+    check = registry.create("audit_check", "hubness")
+    result = check(AuditContext(x, items, np.arange(200) // 2, ["device"], 10, Path(".")))
+    similarity = x @ x.T
+    np.fill_diagonal(similarity, -np.inf)
+    counts = np.bincount(np.argsort(-similarity, axis=1)[:, :10].ravel(), minlength=200)
+    assert result["figures"]["skewness"] == pytest.approx(skew(counts), abs=1e-9)
+    assert result["figures"]["max_k_occurrence"] == counts.max()
+    assert result["figures"]["anti_hub_share"] == pytest.approx(np.mean(counts == 0))
+    assert not result["flagged"] and hasattr(result["plot"], "savefig")
+
+    # a ring at 60 degrees around a direction c, plus c itself: c (similarity 0.5 to all) is
+    # nearer to every ring point than the ring points (about 0.25) are to each other
+    d = 64
+    centre = np.eye(d)[0]
+    u = rng.normal(size=(200, d))
+    u[:, 0] = 0
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    hubby = np.cos(np.pi / 3) * centre + np.sin(np.pi / 3) * u
+    hubby[0] = centre
+    result = check(AuditContext(hubby.astype(np.float32), items, np.arange(200) // 2, ["device"], 10, Path(".")))
+    assert result["flagged"] and result["figures"]["max_k_occurrence"] == 199 and result["figures"]["skewness"] > 3
+    assert result["figures"]["max_k_occurrence_receipt"] == "r0"
+
+
+def test_metrics_csv_mirrors_metrics_jsonl_through_on_epoch_end(tmp_path):
+    import csv
+
+    from conftest import TINY_TRAINING
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+    from receipt_embed.training.trainer import train
+
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    registry = registry_with_examples()
+    train(load_config(overrides=[*TINY_TRAINING, "train.epochs=2"]), tmp_path / "ds", tmp_path / "run", registry,
+          progress=False, log=lambda m: None)
+    lines = [json.loads(t) for t in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    table = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert [int(r["epoch"]) for r in table] == [1, 2]
+    for row, line in zip(table, lines):
+        assert float(row["loss"]) == line["loss"]
+        assert float(row["val.head.recall_at_1"]) == line["val"]["head"]["recall_at_1"]
+        assert float(row["sampler.tail_filled"]) == line["sampler"]["tail_filled"]

@@ -221,24 +221,81 @@ def test_strict_loader_raises_plugin_load_error(tmp_path):
         loader.load_folder(tmp_path)
 
 
-def test_every_hookspec_documented_in_readme_with_signature():
+def test_every_hookspec_documented_with_its_signature():
+    """docs/plugins.md has a reference heading per hook with its exact signature, and the
+    README's summary table names each one the same way."""
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Writing plugins"):]
+    guide = (REPO / "docs" / "plugins.md").read_text()
     specs = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")]
-    assert {"register_losses", "register_encoders", "register_augmentations", "register_samplers"} <= set(specs)
+    assert len(specs) == 6
     for name in specs:
         signature = f"{name}{inspect.signature(getattr(hookspecs, name))}"
-        assert signature in section, f"README 'Writing plugins' lacks the signature {signature}"
+        assert f"### `{signature}`" in guide, f"docs/plugins.md lacks a reference heading for {signature}"
+        assert f"`{signature}`" in section, f"README 'Writing plugins' lacks the signature {signature}"
+    assert f"`receipt_embed.hookspecs.HOOKSPEC_VERSION` (now `{hookspecs.HOOKSPEC_VERSION}`)" in guide
+
+
+def _hooks_marked_in_tests() -> dict[str, list[str]]:
+    """hook name -> tests decorated with ``@pytest.mark.hook(name)`` in tests/test_*.py."""
+    import ast
+
+    marked: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            for decorator in node.decorator_list:
+                if (isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.hook"):
+                    for arg in decorator.args:
+                        marked.setdefault(arg.value, []).append(f"{path.name}::{node.name}")
+    return marked
 
 
 def test_every_hookspec_has_a_test():
-    """datasette-style meta-test: each hook name appears in some test other than this file."""
-    tests = "".join(p.read_text() for p in (REPO / "tests").glob("test_*.py") if p.name != "test_docs.py")
-    specs = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")]
-    missing = [name for name in specs if f"def {name}(" not in tests]
-    assert not missing, f"hooks without a test implementing them: {missing}"
+    """Each hook in receipt_embed.hookspecs has a test marked ``@pytest.mark.hook(NAME)``, and
+    every marked name is a real hook (a renamed hook cannot keep a stale test)."""
+    specs = {name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")}
+    marked = _hooks_marked_in_tests()
+    assert {"on_epoch_end", "register_audit_checks"} <= specs
+    assert not specs - set(marked), f"hooks without a test marked @pytest.mark.hook: {sorted(specs - set(marked))}"
+    assert not set(marked) - specs, f"tests marked for hooks that do not exist: {sorted(set(marked) - specs)}"
 
 
+@pytest.mark.hook("register_samplers")
+def test_sampler_factory_declaring_metadata_receives_the_manifest_rows(tmp_path):
+    from receipt_embed.sampling import build_sampler
+
+    _write(tmp_path, "meta.py", '''
+        from receipt_embed.hookspecs import hookimpl
+
+        def with_metadata(identities, batch_size, seed, metadata, column="merchant"):
+            return {"identities": identities, "values": [row[column] for row in metadata]}
+
+        def without_metadata(identities, batch_size, seed, **params):
+            return {"params": params}
+
+        @hookimpl
+        def register_samplers(register):
+            register("with_metadata", with_metadata)
+            register("without_metadata", without_metadata)
+    ''')
+    loader = PluginLoader()
+    loader.load_folder(tmp_path)
+    loader.collect_components()
+    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{i // 2}", "merchant": f"m{i // 4}"} for i in range(8)]
+    labels = [i // 2 for i in range(8)]
+    got = build_sampler(loader.registry, "with_metadata", labels, rows, 2, 0, {})
+    assert got == {"identities": labels, "values": ["m0"] * 4 + ["m1"] * 4}
+    assert build_sampler(loader.registry, "with_metadata", labels, rows, 2, 0, {"column": "receipt_id"})["values"][2] == "r1"
+    # a factory that does not declare metadata is called exactly as before (no surprise keyword)
+    assert build_sampler(loader.registry, "without_metadata", labels, rows, 2, 0, {"k": 3}) == {"params": {"k": 3}}
+
+
+@pytest.mark.hook("register_losses")
+@pytest.mark.hook("register_encoders")
+@pytest.mark.hook("register_augmentations")
+@pytest.mark.hook("register_samplers")
 def test_folder_plugin_can_implement_every_register_hook(tmp_path):
     _write(tmp_path, "everything.py", '''
         from receipt_embed.hookspecs import hookimpl

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed import __version__
+from receipt_embed.audit.checks import AuditContext, run_checks
 from receipt_embed.audit.figures import FlagRule, audit_figures
 from receipt_embed.fileio import atomic_write_json, atomic_write_text
 
@@ -55,8 +56,10 @@ def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int) -
 
 def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *, k: int = 10,
               rule: FlagRule = FlagRule(), gallery: int = 8, context: tuple[str, ...] = (),
-              log=lambda message: None) -> dict:
-    """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures."""
+              registry=None, log=lambda message: None) -> dict:
+    """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures.
+
+    With a plugin ``registry``, its audit checks (``register_audit_checks``) run too."""
     import warnings
 
     from receipt_embed.audit import report
@@ -80,10 +83,14 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
     figures["index"] = {"path": str(index_dir.path.resolve()), "factory": meta["factory"],
                         "features": meta.get("features"), "source": meta["source"]}
 
-    log("drawing plots")
     x = index_dir.embeddings
     receipt_ids = np.array([str(item["receipt_id"]) for item in index_dir.items])
     labels = np.unique(receipt_ids, return_inverse=True)[1]
+    check_context = AuditContext(x, index_dir.items, labels, attributes, figures["k"], index_dir.path)
+    figures["checks"], check_plots = run_checks(registry, check_context, log=log)
+    figures["flagged_checks"] = [name for name, result in figures["checks"].items() if result["flagged"]]
+
+    log("drawing plots")
     values = {a: np.array([str(item[a]) for item in index_dir.items]) for a in attributes}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate spaces (e.g. collapsed) still get their plots
@@ -94,6 +101,7 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
                 **{a: report.projection(x, labels, values[a], f"coloured by {a}") for a in attributes},
                 "receipt": report.projection(x, labels, labels, "coloured by receipt", identities=True),
             },
+            "checks": check_plots,
         }
     source = meta["source"]
     source_text = (f"checkpoint {source.get('checkpoint')}" if source.get("kind") == "checkpoint"
@@ -120,6 +128,9 @@ def verdict_lines(figures: dict) -> list[str]:
     if figures["collapsed"]:
         lines.append(f"COLLAPSED: effective rank {figures['diagnostics']['effective_rank']:.2f}; the embeddings lie "
                      "on nearly one line, so no figure can be trusted")
+    for name in figures.get("flagged_checks", []):
+        result = figures["checks"][name]
+        lines.append(f"CHECK {name} ({result['plugin']}): {result['summary'] or 'flagged'}")
     if not lines:
         tested = [a for a, s in figures["shortcuts"].items() if not s["context"]]
         lines.append(f"No shortcut flagged for {', '.join(tested) or 'any attribute'}")
@@ -127,6 +138,9 @@ def verdict_lines(figures: dict) -> list[str]:
         lines.append(f"inconclusive for {name}: {'; '.join(figures['shortcuts'][name]['reasons'])}")
     for name, why in figures["untestable"].items():
         lines.append(f"not tested: {name} ({why})")
+    for name, result in figures.get("checks", {}).items():
+        if "error" in result:
+            lines.append(f"check {name} ({result['plugin']}) failed: {result['error']}")
     return lines
 
 
@@ -146,4 +160,7 @@ def summary(figures: dict) -> str:
                      f"{_num(s['knn_agreement'])} vs chance {_num(s['base_rate'])}, z {_num(s['lift_z'], 1)}); "
                      f"probe {_num(s['probe_accuracy'])} vs chance {_num(s['probe_chance'])} "
                      f"on {s['probe_test_items']} held-out items")
+    for name, result in figures.get("checks", {}).items():
+        if result["summary"] and name not in figures.get("flagged_checks", []):
+            lines.append(f"check {name}: {result['summary']}")
     return "\n".join(lines)

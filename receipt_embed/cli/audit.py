@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from receipt_embed.cli.options import InputError
+from receipt_embed.cli.options import InputError, load_registry
 
 
 @click.command("audit-shortcuts")
@@ -40,6 +40,7 @@ def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z,
     \b
     receipt-embed audit-shortcuts runs/demo/index --attribute device --context-attribute merchant
     Exit codes: 0 done, 1 flagged or collapsed with --fail-on-shortcut, 2 bad input."""
+    from receipt_embed.audit.checks import AuditCheckError
     from receipt_embed.audit.figures import FlagRule
     from receipt_embed.audit.run import run_audit, summary
     from receipt_embed.indexing import IndexDirError
@@ -51,10 +52,11 @@ def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z,
     try:
         figures = run_audit(index_dir, list(dict.fromkeys(attributes)), out, k=k,
                             rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery,
-                            context=tuple(dict.fromkeys(c for c in context if c not in attributes)), log=log)
-    except (IndexDirError, OSError, ValueError) as exc:
+                            context=tuple(dict.fromkeys(c for c in context if c not in attributes)),
+                            registry=load_registry(click.get_current_context()), log=log)
+    except (IndexDirError, OSError, ValueError, AuditCheckError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))
     click.echo(f"Report: {out / 'audit.html'} (figures in {out / 'audit.json'})")
-    if fail_on_shortcut and (figures["flagged"] or figures["collapsed"]):
+    if fail_on_shortcut and (figures["flagged"] or figures["collapsed"] or figures["flagged_checks"]):
         raise SystemExit(1)

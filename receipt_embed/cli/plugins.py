@@ -10,6 +10,15 @@ import click
 from receipt_embed.cli.options import config_options, load_registry, resolve_config
 
 
+def call_hooks(registry, plugin_name: str) -> list[str]:
+    """The hooks other than ``register_*`` a plugin implements (e.g. on_epoch_end)."""
+    pm = registry.plugin_manager
+    plugin = pm.get_plugin(plugin_name) if pm is not None else None
+    if plugin is None:
+        return []
+    return sorted(caller.name for caller in pm.get_hookcallers(plugin) or [] if not caller.name.startswith("register_"))
+
+
 def describe(registry) -> dict:
     """A JSON-ready description of loaded plugins, their components and load failures."""
     by_plugin: dict[str, list[dict]] = {name: [] for name in registry.plugins}
@@ -20,7 +29,8 @@ def describe(registry) -> dict:
             )
     return {
         "plugins": [
-            {**asdict(info), "components": sorted(by_plugin[name], key=lambda c: (c["kind"], c["name"]))}
+            {**asdict(info), "components": sorted(by_plugin[name], key=lambda c: (c["kind"], c["name"])),
+             "hooks": call_hooks(registry, name)}
             for name, info in registry.plugins.items()
         ],
         "failed": [{"name": name, "error": error} for name, error in registry.failures.items()],
@@ -42,5 +52,7 @@ def plugins(ctx, as_json, config_file, overrides):
         click.echo(f"{plugin['name']}{version}  [{plugin['source']}: {plugin['location']}]")
         for component in plugin["components"]:
             click.echo(f"    {component['kind']:<13} {component['name']:<22} {component['description']}")
+        for hook in plugin["hooks"]:
+            click.echo(f"    {'hook':<13} {hook}")
     for failure in info["failed"]:
         click.echo(f"FAILED {failure['name']}: {failure['error']}")

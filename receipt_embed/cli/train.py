@@ -115,6 +115,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
             raise InputError("--sweep runs one process per value; it cannot be combined with --nproc")
     from receipt_embed.config import ConfigError
     from receipt_embed.registry import ComponentError
+    from receipt_embed.plugin_manager import PluginLoadError
     from receipt_embed.training.checkpoint import CheckpointError
     from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
     from receipt_embed.training.trainer import train as run_training
@@ -145,7 +146,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
         result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log)
     except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as exc:
         raise InputError(str(exc)) from None
-    except TrainingDiverged as exc:
+    except (TrainingDiverged, PluginLoadError) as exc:  # a plugin hook failing under --strict-plugins
         raise click.ClickException(str(exc)) from None
     except TrainingInterrupted as exc:
         if int(os.environ.get("RANK", "0")) == 0:

@@ -1,1 +1,21 @@
 """Batch samplers: which captures of which identities form a batch."""
+
+from __future__ import annotations
+
+import inspect
+
+
+def wants_metadata(factory) -> bool:
+    """Whether a sampler factory declares a ``metadata`` parameter (the manifest rows)."""
+    try:
+        return "metadata" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+
+
+def build_sampler(registry, name: str, labels: list[int], rows: list[dict], batch_size: int, seed: int, params: dict):
+    """Sampler ``name`` from the registry; ``rows`` (one manifest row per capture) are passed
+    as ``metadata`` only to factories that ask for them, so older samplers keep working."""
+    component = registry.get("sampler", name)
+    extra = {"metadata": [dict(row) for row in rows]} if wants_metadata(component.factory) else {}
+    return registry.create("sampler", name, identities=labels, batch_size=batch_size, seed=seed, **extra, **params)

@@ -31,6 +31,7 @@ from receipt_embed.evaluation.diagnostics import embedding_diagnostics
 from receipt_embed.evaluation.retrieval import retrieval_metrics
 from receipt_embed.fileio import atomic_write_jsonl, read_jsonl
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
+from receipt_embed.sampling import build_sampler
 from receipt_embed.training.checkpoint import CheckpointError, check_compatible, load_checkpoint, save_checkpoint
 
 METRICS_FILE = "metrics.jsonl"
@@ -247,10 +248,8 @@ class Trainer:
         batch_size = min(train_cfg.batch_size, len(self.train_set.identities))
         if batch_size < train_cfg.batch_size:
             log(f"train.batch_size {train_cfg.batch_size} > {len(self.train_set.identities)} training identities; using {batch_size}")
-        self.sampler = registry.create(
-            "sampler", config.sampler.name, identities=self.train_set.labels, batch_size=batch_size,
-            seed=train_cfg.seed, **config.sampler.params,
-        )
+        self.sampler = build_sampler(registry, config.sampler.name, self.train_set.labels, self.train_set.rows,
+                                     batch_size, train_cfg.seed, config.sampler.params)
         self.batches = SeededBatches(self.sampler, train_cfg.seed)
         if self.ctx.distributed:
             if batch_size % self.ctx.world_size:
@@ -465,7 +464,18 @@ class Trainer:
         save_checkpoint(self.run_dir / LAST, state)
         if improved or (not len(self.val_set) and self.epoch == self.config.train.epochs):
             save_checkpoint(self.run_dir / BEST, state)
+        self._epoch_hooks(line)
         return line
+
+    def _epoch_hooks(self, line: dict) -> None:
+        """Plugins' ``on_epoch_end`` (trackers, checkpoint copies); one failing plugin only warns."""
+        from receipt_embed.plugin_manager import call_hook, hook_implementations
+
+        if not hook_implementations(self.registry, "on_epoch_end"):
+            return
+        self.model.eval()
+        call_hook(self.registry, "on_epoch_end", run_dir=self.run_dir,
+                  epoch=line["epoch"], metrics=json.loads(json.dumps(line)), model=self.model, config=self.config)
 
     def _describe(self, line: dict) -> str:
         text = f"epoch {line['epoch']}: loss {line['loss']:.4f}, {line['views_per_s']:.0f} views/s"

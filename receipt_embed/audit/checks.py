@@ -1,0 +1,106 @@
+"""Audit checks from plugins (``register_audit_checks``): extra figures in audit.json and
+audit.html, computed on the same embeddings as the built-in figures.
+
+A check is ``check(context) -> dict``; see :class:`AuditContext` for what it can read and
+:func:`run_checks` for the result it must return.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class AuditContext:
+    """What an audit check can read. Do not modify the arrays."""
+
+    embeddings: np.ndarray  # (N, D) float32, L2-normalised, row i is items[i]
+    items: list[dict]  # one dict per row: path, receipt_id, device, ... (items.jsonl)
+    labels: np.ndarray  # (N,) int, one label per receipt_id
+    attributes: list[str]  # the audited attributes (--attribute), testable ones only
+    k: int  # the audit's neighbour count (-k)
+    index_path: Path
+    _neighbours: dict = field(default_factory=dict, repr=False)
+
+    def values(self, column: str) -> np.ndarray:
+        """One column of the items as strings (missing: empty string)."""
+        return np.array([str(item.get(column, "")) for item in self.items])
+
+    def neighbours(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(similarities, indices), each (N, k): every item's k nearest *other* items by
+        exact inner product (FAISS), most similar first. Computed once per k."""
+        import faiss
+
+        k = min(self.k if k is None else k, len(self.embeddings) - 1)
+        if k not in self._neighbours:
+            index = faiss.IndexFlatIP(self.embeddings.shape[1])
+            index.add(self.embeddings)
+            similarities, ids = index.search(self.embeddings, k + 1)
+            own = ids == np.arange(len(ids))[:, None]
+            # drop each row's own entry (or its last one when an identical vector ranked first)
+            keep = np.where(own.any(axis=1, keepdims=True), ~own, np.arange(k + 1)[None, :] < k)
+            self._neighbours[k] = (similarities[keep].reshape(len(ids), k), ids[keep].reshape(len(ids), k))
+        return self._neighbours[k]
+
+
+class AuditCheckError(RuntimeError):
+    """A check raised or returned something that is not a result (fatal with --strict-plugins)."""
+
+
+def _result(name: str, plugin: str, raw) -> dict:
+    """Validate a check's return value into a result dict and an optional plot."""
+    from receipt_embed.audit.run import json_safe
+
+    if not isinstance(raw, dict) or not isinstance(raw.get("figures"), dict):
+        raise AuditCheckError(f"returned {type(raw).__name__}, not a dict with a 'figures' dict")
+    unknown = set(raw) - {"figures", "summary", "flagged", "plot"}
+    if unknown:
+        raise AuditCheckError(f"returned unknown keys {sorted(unknown)}; allowed: figures, summary, flagged, plot")
+    figures = json_safe(raw["figures"])
+    try:
+        json.dumps(figures, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise AuditCheckError(f"figures are not JSON-ready: {exc}") from None
+    plot = raw.get("plot")
+    if plot is not None and not hasattr(plot, "savefig"):
+        raise AuditCheckError(f"'plot' must be a matplotlib figure, got {type(plot).__name__}")
+    return {"plugin": plugin, "figures": figures, "summary": str(raw.get("summary", "")),
+            "flagged": bool(raw.get("flagged", False)), "plot": plot}
+
+
+def run_checks(registry, context: AuditContext, log=lambda message: None) -> tuple[dict, dict]:
+    """Run every registered audit check. Returns (results for audit.json, plots by name).
+
+    A check that raises or returns a malformed result is reported as a warning naming it and
+    recorded with its error (fatal when the plugins were loaded with --strict-plugins)."""
+    from receipt_embed.audit.report import _png
+
+    results, plots = {}, {}
+    if registry is None:
+        return results, plots
+    for name in registry.names("audit_check"):
+        component = registry.get("audit_check", name)
+        log(f"audit check {name} ({component.plugin})")
+        try:
+            result = _result(name, component.plugin, registry.create("audit_check", name)(context))
+        except Exception as exc:
+            detail = (str(exc) if isinstance(exc, AuditCheckError)
+                      else "".join(traceback.format_exception_only(type(exc), exc)).strip())
+            message = f"audit check {name!r} (plugin {component.plugin!r}) failed: {detail}"
+            if registry.strict:
+                raise AuditCheckError(message + " (--strict-plugins)") from exc
+            warnings.warn(message + "; the audit goes on without it")
+            results[name] = {"plugin": component.plugin, "error": detail, "figures": {}, "summary": "",
+                             "flagged": False, "description": component.description}
+            continue
+        plot = result.pop("plot")
+        if plot is not None:
+            plots[name] = _png(plot)
+        results[name] = {**result, "description": component.description}
+    return results, plots

@@ -1,6 +1,6 @@
 """Held-out retrieval and device lift of a trained encoder against two baselines, one run.
 
-    python benchmarks/quality.py SAMPLES_DIR --out DIR [--split-ratios 0.6,0.1,0.3] [--set key=value ...]
+    python benchmarks/quality.py SAMPLES_DIR --out DIR [--split-ratios 0.6,0.1,0.3] [--plugins-dir plugins] [--set key=value ...]
 
 SAMPLES_DIR holds a manifest.csv (e.g. from `receipt-embed make-samples`, or real scans
 captured with `make-samples --from-scans`). The set is ingested, then on the held-out
@@ -54,12 +54,16 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--split-ratios", default="0.6,0.1,0.3")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--plugins-dir", default=None,
+                        help="also load the plugins in this folder (e.g. plugins/ for --set sampler.name=same_merchant)")
     args = parser.parse_args()
     out = Path(args.out)
     overrides = [f"ingest.split_ratios=[{args.split_ratios}]", *args.overrides]
     config = load_config(overrides=overrides)
-    loader = PluginLoader()
+    loader = PluginLoader(strict=True)
     loader.load_builtins()
+    if args.plugins_dir:
+        loader.load_folder(Path(args.plugins_dir), required=True)
     loader.collect_components()
     registry = loader.registry
 

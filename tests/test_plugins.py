@@ -358,3 +358,30 @@ def test_plugins_dir_from_config(cli, tmp_path):
     _write(tmp_path / "elsewhere", "cfg_plugin.py", GOOD)
     result = cli("plugins", "--json", "--set", f"plugins.dir={tmp_path / 'elsewhere'}", cwd=tmp_path)
     assert "cfg_plugin" in {p["name"] for p in json.loads(result.stdout)["plugins"]}
+
+
+def test_discovery_happens_once_per_process(tmp_path, monkeypatch):
+    """Every command asks for the registry; plugins are discovered the first time only, and
+    the plugin manager the hooks are called through is the one that discovery built."""
+    from receipt_embed import plugin_manager
+
+    calls = []
+    real = plugin_manager.entry_points
+
+    def counting(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(plugin_manager, "entry_points", counting)
+    plugin_manager._load.cache_clear()
+    try:
+        first = plugin_manager.get_registry(tmp_path)
+        again = [plugin_manager.get_registry(tmp_path) for _ in range(3)]
+        pm = plugin_manager.get_plugin_manager(tmp_path)
+        assert all(r is first for r in again) and pm is first.plugin_manager
+        assert calls == [{"group": "receipt_embed"}]
+        (tmp_path / "other").mkdir()
+        plugin_manager.get_registry(tmp_path / "other")  # another folder is another discovery
+        assert len(calls) == 2
+    finally:
+        plugin_manager._load.cache_clear()

@@ -4,7 +4,8 @@ Every ``register_*`` hook receives a ``register`` callback; call it once per com
 
     register(name, factory, description="...")
 
-``factory(**params)`` builds the component from its config parameters. Built-in components
+``factory(...)`` builds the component from its config parameters (the arguments per kind
+are in each hook's docstring and in docs/plugins.md). Built-in components
 are registered through these same hooks (see ``receipt_embed/builtins/``).
 
 Two hooks are called at points of the pipeline instead: ``on_epoch_end`` after each training
@@ -30,14 +31,16 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 @hookspec
 def register_losses(register):
-    """Register loss factories: ``factory(**params)`` returns a ``torch.nn.Module`` called as
-    ``loss(embeddings, labels)`` that returns a scalar tensor."""
+    """Register loss factories: ``factory(temperature, **params)`` (``loss.temperature`` and
+    ``loss.params``) returns a ``torch.nn.Module`` called as ``loss(embeddings, labels)`` that
+    returns a scalar tensor. A loss without a temperature accepts and ignores it."""
 
 
 @hookspec
 def register_encoders(register):
-    """Register encoder factories: ``factory(**params)`` returns a ``torch.nn.Module`` mapping
-    images (N, C, H, W) to features (N, D) and exposing ``feature_dim``."""
+    """Register encoder factories: ``factory(pretrained, in_channels, pooling, grid, **params)``
+    returns a ``torch.nn.Module`` mapping images (N, C, H, W) to features (N, D) and exposing
+    ``feature_dim`` = D."""
 
 
 @hookspec
@@ -58,7 +61,8 @@ def register_samplers(register):
 
 @hookspec
 def register_audit_checks(register):
-    """Register extra figures for ``audit-shortcuts``: ``factory()`` returns a callable
+    """Register extra figures for ``audit-shortcuts``: ``factory(**params)`` (params from
+    ``--check-set NAME.KEY=VALUE``) returns a callable
     ``check(context)`` taking an :class:`receipt_embed.audit.checks.AuditContext` and returning
     a dict with ``figures`` (JSON-ready) and optionally ``summary`` (one line), ``flagged``
     (bool; ``--fail-on-shortcut`` fails on it) and ``plot`` (a matplotlib figure)."""

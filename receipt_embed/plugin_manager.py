@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -23,7 +24,7 @@ from pathlib import Path
 import pluggy
 
 from receipt_embed import hookspecs
-from receipt_embed.registry import KINDS, ComponentError, PluginInfo, Registry
+from receipt_embed.registry import KINDS, ComponentClash, PluginInfo, Registry
 
 ENTRY_POINT_GROUP = "receipt_embed"
 DISABLE_ENV = "RECEIPT_EMBED_DISABLE_PLUGINS"
@@ -50,6 +51,29 @@ def disabled_plugins() -> set[str]:
     return {name.strip() for name in raw.split(",") if name.strip()}
 
 
+def _register_signature(name, factory, description=""):
+    """The signature of the ``register`` callback every register_* hook receives."""
+
+
+REGISTER_SIGNATURE = inspect.signature(_register_signature)
+FOLDER_PACKAGE = "receipt_embed_folder_plugins"
+
+
+def _folder_package(folder: Path):
+    """The package folder plugins are imported under, with ``folder`` on its path, so that a
+    plugin can import a helper module of its folder relatively (``from ._shared import x``)."""
+    import types
+
+    package = sys.modules.get(FOLDER_PACKAGE)
+    if package is None:
+        package = types.ModuleType(FOLDER_PACKAGE, "folder plugins of receipt-embed")
+        package.__path__ = []
+        sys.modules[FOLDER_PACKAGE] = package
+    if str(folder) not in package.__path__:
+        package.__path__.append(str(folder))
+    return package
+
+
 class PluginLoader:
     """Loads plugins into a pluggy manager and records where each came from."""
 
@@ -63,7 +87,8 @@ class PluginLoader:
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        detail = (str(exc) if type(exc).__module__.startswith("receipt_embed")  # our own messages read whole
+                  else "".join(traceback.format_exception_only(type(exc), exc)).strip())
         self.registry.failures[name] = detail
         if self.strict:
             raise PluginLoadError(f"plugin {name!r} failed to load (--strict-plugins): {detail}") from exc
@@ -75,10 +100,30 @@ class PluginLoader:
             return True
         return False
 
+    def _check_hook_names(self, module, name: str) -> None:
+        """A misspelled hook is an error with a suggestion; a hook-named function without
+        @hookimpl would be silently ignored by pluggy, so it gets a warning."""
+        import difflib
+
+        specs = {n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{hookspecs.PROJECT_NAME}_spec")}
+        for attr in dir(module):
+            value = getattr(module, attr, None)
+            if not callable(value) or getattr(value, "__module__", None) != module.__name__:
+                continue
+            marked = hasattr(value, f"{hookspecs.PROJECT_NAME}_impl")
+            if marked and attr not in specs:
+                close = difflib.get_close_matches(attr, sorted(specs), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}")
+            if not marked and attr in specs:
+                warnings.warn(f"plugin {name!r} defines {attr}() without @hookimpl, so it is ignored; decorate it with "
+                              "receipt_embed.hookspecs.hookimpl", PluginLoadWarning, stacklevel=3)
+
     def _register(self, module, info: PluginInfo) -> None:
         if self._blocked(info.name):
             return
         try:
+            self._check_hook_names(module, info.name)
             self.pm.register(module, name=info.name)
             self.pm.check_pending()
         except Exception as exc:  # a bad hookimpl must not take the others down
@@ -126,7 +171,8 @@ class PluginLoader:
             name = path.stem
             if name.startswith("_") or self._blocked(name):
                 continue
-            module_name = f"receipt_embed_folder_plugins.{name}"
+            _folder_package(folder.resolve())
+            module_name = f"{FOLDER_PACKAGE}.{name}"
             try:
                 spec = importlib.util.spec_from_file_location(module_name, path)
                 module = importlib.util.module_from_spec(spec)
@@ -146,13 +192,18 @@ class PluginLoader:
                 if plugin in self.registry.failures:
                     continue
 
-                def register(name, factory, description="", _kind=kind, _plugin=plugin):
-                    self.registry.add(_kind, _plugin, name, factory, description)
+                def register(*args, _kind=kind, _plugin=plugin, **kwargs):
+                    try:
+                        bound = REGISTER_SIGNATURE.bind(*args, **kwargs)
+                    except TypeError as exc:
+                        raise TypeError(f"register{REGISTER_SIGNATURE}: {exc}") from None
+                    bound.apply_defaults()
+                    self.registry.add(_kind, _plugin, **bound.arguments)
 
                 try:
                     impl.function(register=register)
-                except ComponentError:
-                    raise  # a name clash or invalid component is the user's to fix
+                except ComponentClash:
+                    raise  # two plugins claim one name: the user has to choose
                 except Exception as exc:
                     self.registry.drop_plugin(plugin)
                     self._fail(plugin, exc)
@@ -193,8 +244,8 @@ def call_hook(registry: Registry, hook_name: str, **kwargs) -> dict[str, object]
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             if registry.strict:
                 raise PluginLoadError(f"plugin {impl.plugin_name!r} failed in {hook_name} (--strict-plugins): {detail}") from exc
-            warnings.warn(f"plugin {impl.plugin_name!r} failed in {hook_name} and was skipped: {detail}",
-                          PluginHookWarning, stacklevel=2)
+            warnings.warn(f"plugin {impl.plugin_name!r} failed in {hook_name}: {detail}; going on without it this "
+                          "time (--strict-plugins makes this fatal)", PluginHookWarning, stacklevel=2)
     return results
 
 
@@ -210,6 +261,7 @@ def _load(plugins_dir: Path, strict: bool, disabled: frozenset[str], dir_require
     loader.load_folder(plugins_dir, required=dir_required)
     loader.collect_components()
     loader.warn_unknown_disabled()
+    loader.registry.blocked = sorted(loader.blocked_seen)
     return loader.pm, loader.registry
 
 

@@ -8,6 +8,8 @@ name both plugins.
 from __future__ import annotations
 
 import difflib
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +24,38 @@ KINDS: dict[str, str] = {
 
 
 class ComponentError(ValueError):
-    """A component could not be registered or found."""
+    """A component could not be registered, found or built."""
+
+
+class InvalidComponent(ComponentError):
+    """A plugin registered something unusable (bad name, factory not callable, a name twice):
+    that plugin is skipped like one that fails to import."""
+
+
+class ComponentClash(ComponentError):
+    """Two plugins registered the same name: fatal, since either could be the one meant."""
+
+
+# names are typed on the command line (--set loss.name=NAME) and in YAML
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _parameter_hint(factory, params: dict) -> str:
+    """'; it accepts a, b (did you mean 'margin'?)' for a parameter the factory lacks."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return ""
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return ""
+    accepted = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = [key for key in params if key not in parameters]
+    hint = f"; it accepts {', '.join(accepted) or 'no parameters'}"
+    for key in unknown:
+        close = difflib.get_close_matches(key, accepted, n=1)
+        if close:
+            hint += f" (did you mean {close[0]!r} for {key!r}?)"
+    return hint if unknown else ""
 
 
 @dataclass(frozen=True)
@@ -55,17 +88,20 @@ class Registry:
     failures: dict[str, str] = field(default_factory=dict)  # plugin name -> error text
     plugin_manager: Any = None  # the pluggy manager, for the call hooks (on_epoch_end)
     strict: bool = False  # a plugin failing in a hook is fatal (--strict-plugins) instead of a warning
+    blocked: list[str] = field(default_factory=list)  # plugins blocked by RECEIPT_EMBED_DISABLE_PLUGINS
 
     def add(self, kind: str, plugin: str, name: str, factory: Callable[..., Any], description: str = "") -> None:
-        if not isinstance(name, str) or not name:
-            raise ComponentError(f"plugin {plugin!r} registered a {kind} with an invalid name {name!r}")
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise InvalidComponent(f"plugin {plugin!r} registered a {kind} with an invalid name {name!r} "
+                                   "(letters, digits, '_', '-', '.'; no spaces)")
         if not callable(factory):
-            raise ComponentError(f"plugin {plugin!r} registered {kind} {name!r} with a factory that is not callable")
+            raise InvalidComponent(f"plugin {plugin!r} registered {kind} {name!r} with a factory that is not callable "
+                                   f"({type(factory).__name__}); pass the function that builds it")
         existing = self.components[kind].get(name)
         if existing is not None and existing.plugin == plugin:
-            raise ComponentError(f"plugin {plugin!r} registers {kind} {name!r} twice")
+            raise InvalidComponent(f"plugin {plugin!r} registers {kind} {name!r} twice")
         if existing is not None:
-            raise ComponentError(
+            raise ComponentClash(
                 f"{kind} {name!r} is registered by two plugins: {existing.plugin!r} and {plugin!r}; "
                 f"disable one with RECEIPT_EMBED_DISABLE_PLUGINS={plugin}"
             )
@@ -95,7 +131,15 @@ class Registry:
         try:
             return component.factory(**params)
         except TypeError as exc:
+            raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}"
+                                 f"{_parameter_hint(component.factory, params)}") from exc
+        except (ComponentError, OSError):  # a missing weights file is the user's to fix, as it says
+            raise
+        except ValueError as exc:  # the factory rejected a parameter value: say whose
             raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}") from exc
+        except Exception as exc:  # a plugin bug: name it instead of a traceback through our code
+            raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}) failed to build: "
+                                 f"{type(exc).__name__}: {exc}") from exc
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.components[kind])

@@ -38,7 +38,10 @@ def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = 
     value = loss(z, labels)
     assert torch.is_tensor(value) and value.dim() == 0, f"the loss must return a scalar tensor, got {value!r}"
     assert torch.isfinite(value), f"the loss is not finite: {value.item()}"
-    (grad,) = torch.autograd.grad(value, z)
+    try:
+        (grad,) = torch.autograd.grad(value, z)
+    except RuntimeError as exc:  # e.g. a constant or detached result
+        raise AssertionError(f"no gradient reaches the embeddings: the loss is not computed from them ({exc})") from None
     assert torch.isfinite(grad).all(), "gradients with respect to the embeddings are not finite"
     assert grad.abs().sum() > 0, "no gradient reaches the embeddings"
 
@@ -57,8 +60,10 @@ def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = 
             "the loss ignores the identity labels: rows of one receipt are still treated as negatives")
 
 
-def check_encoder(encoder, *, image_size=(64, 32), in_channels: int = 1, batch: int = 2) -> None:
-    """Images (N, C, H, W) -> finite features (N, encoder.feature_dim)."""
+def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch: int = 2) -> None:
+    """Images (N, C, H, W) -> finite features (N, encoder.feature_dim). Pass your
+    ``data.image_size`` (default: the default config's 128 x 64) and ``in_channels`` (1 for
+    grayscale, the default config; 3 for colour)."""
     import torch
 
     assert isinstance(getattr(encoder, "feature_dim", None), int), "an encoder must expose an int feature_dim"
@@ -79,7 +84,8 @@ def check_augmentation(transform, *, image_size=(64, 32), source_size=(90, 50), 
         transform.set_random_seed(seed)
         outputs.append(transform(image=image)["image"])
     for out in outputs:
-        assert isinstance(out, np.ndarray) and out.dtype == np.uint8, f"views must be uint8 arrays, got {type(out)}"
+        assert isinstance(out, np.ndarray), f"views must be numpy arrays, got {type(out).__name__}"
+        assert out.dtype == np.uint8, f"views must be uint8, got {out.dtype} (convert back before returning)"
         assert out.shape == (*image_size, 3), f"views must be {(*image_size, 3)}, got {out.shape}"
     assert np.array_equal(outputs[0], outputs[1]), "the same seed must give the same view (resumable runs need it)"
 
@@ -92,6 +98,8 @@ def check_sampler(sampler, labels, *, epochs: int = 2) -> None:
         batches = [list(b) for b in sampler]
         assert len(batches) == len(sampler), f"len(sampler) is {len(sampler)} but it yielded {len(batches)} batches"
         assert batches and all(len(b) >= 2 for b in batches), "every batch needs at least 2 views"
+        assert all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for b in batches for i in b), (
+            "batches must hold integer capture indices")
         assert all(0 <= int(i) < n for b in batches for i in b), "a batch holds an index outside the dataset"
         sampler.set_epoch(epoch)
         assert batches == [list(b) for b in sampler], "the same epoch must give the same batches (resumable runs)"
@@ -99,7 +107,7 @@ def check_sampler(sampler, labels, *, epochs: int = 2) -> None:
 
 def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -> None:
     """An audit check (what a ``register_audit_checks`` factory returns) on a small synthetic
-    index of 20 receipts x 3 devices: returns a dict with a JSON-ready ``figures`` dict, an
+    index of 20 receipts x 3 devices (columns path, receipt_id, device, merchant): returns a dict with a JSON-ready ``figures`` dict, an
     optional one-line ``summary``, a boolean ``flagged`` and a matplotlib ``plot``; and the
     same figures when run again (audit reports must be reproducible)."""
     import json
@@ -111,7 +119,15 @@ def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -
     labels = np.arange(items) // 3
     x = rng.normal(size=(labels.max() + 1, dim))[labels] + 0.5 * rng.normal(size=(items, dim))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{label:03d}", "device": f"d{i % 3}"} for i, label in enumerate(labels)]
+    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{label:03d}", "device": f"d{i % 3}", "merchant": f"m{label % 4}"}
+            for i, label in enumerate(labels)]
+    import inspect
+
+    try:
+        takes_context = len(inspect.signature(check).parameters) >= 1
+    except (TypeError, ValueError):
+        takes_context = True
+    assert takes_context, "pass the check (what the factory returns, called as check(context)), not the factory"
 
     def run():
         context = AuditContext(x.copy(), [dict(r) for r in rows], labels.copy(), ["device"], 10, Path("index"))

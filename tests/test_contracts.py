@@ -89,7 +89,7 @@ def test_the_checks_catch_broken_components():
     with pytest.raises(AssertionError, match="must be"):
         check_augmentation(A.Compose([A.Resize(10, 10)]), image_size=(64, 32))
 
-    with pytest.raises(AssertionError, match="not a dict with a 'figures' dict"):
+    with pytest.raises(AssertionError, match="returned a dict with no 'figures' key"):
         check_audit_check(lambda context: {"skewness": 1.0})
     with pytest.raises(AssertionError, match="not JSON-ready"):
         check_audit_check(lambda context: {"figures": {"a": object()}})

@@ -70,6 +70,11 @@ def test_plugin_tutorial_works_as_written(tmp_path):
                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ})
     assert tests.returncode == 0 and "2 passed" in tests.stdout, tests.stdout + tests.stderr
 
+    # the tutorial's lazy import keeps plugin discovery free of torch
+    probe = subprocess.run([sys.executable, "-c", "import sys; from receipt_embed.cli import main\ntry:\n"
+                            "    main(['plugins'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert probe.stdout.strip().endswith("False"), probe.stdout + probe.stderr
     listed = run_cli("plugins", cwd=tmp_path)
     assert f"pair_contrastive  [folder: {tmp_path / 'plugins' / 'pair_contrastive.py'}]" in listed.stdout
     assert "loss          pair_contrastive" in listed.stdout

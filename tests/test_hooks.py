@@ -106,7 +106,7 @@ def test_on_epoch_end_strict_failure_on_the_command_line(cli, tmp_path, dataset)
     (tmp_path / "plugins" / "broken_tracker.py").write_text(BROKEN_TRACKER)
     sets = [arg for item in TINY_TRAINING for arg in ("--set", item)]
     result = cli("--strict-plugins", "train", "--data", dataset, "--out", tmp_path / "run", "-q", *sets, cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "Error: plugin 'broken_tracker' failed in on_epoch_end (--strict-plugins): ConnectionError: tracker offline" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -218,3 +218,40 @@ def test_flagged_check_fails_the_ci_gate_and_a_malformed_one_is_reported(cli, tm
     strict = cli("--strict-plugins", "--plugins-dir", plugins, "audit-shortcuts", index, "--out", tmp_path / "r3",
                  "--gallery", "0", "-q", cwd=tmp_path)
     assert strict.returncode == 2 and "(--strict-plugins)" in strict.stderr and "Traceback" not in strict.stderr
+
+
+@pytest.mark.hook("register_audit_checks")
+def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
+    index, _, _ = _index(tmp_path, alpha=0.0)
+
+    def audit(*extra, out):
+        # the repository's plugins/ folder holds the hubness check
+        return cli("--plugins-dir", REPO / "plugins", "audit-shortcuts", index, "--out", tmp_path / out, "--gallery", "0",
+                   "-q", *extra, cwd=tmp_path)
+
+    default = audit(out="a")
+    assert default.returncode == 0, default.stderr
+    hubness = json.loads((tmp_path / "a" / "audit.json").read_text())["checks"]["hubness"]
+    assert not hubness["flagged"] and hubness["figures"]["k"] == 10
+    # a threshold below the measured skewness flags it (120 items >= min_items 50)
+    strict = audit("--check-set", f"hubness.max_skewness={hubness['figures']['skewness'] - 0.01}",
+                   "--fail-on-shortcut", out="b")
+    assert strict.returncode == 1 and "CHECK hubness (hubness): k-occurrence skewness" in strict.stdout
+    skipped = audit("--skip-check", "hubness", out="c")
+    assert "hubness" not in json.loads((tmp_path / "c" / "audit.json").read_text())["checks"]
+    typo = audit("--skip-check", "hubnes", out="d")
+    assert typo.returncode == 2 and "--skip-check: no audit check 'hubnes' (did you mean 'hubness'?)" in typo.stderr
+    bad_param = audit("--check-set", "hubness.max_skew=3", out="e")
+    assert bad_param.returncode == 2
+    assert "it accepts max_skewness, min_items (did you mean 'max_skewness' for 'max_skew'?)" in bad_param.stderr
+    assert audit("--check-set", "hubness=3", out="f").returncode == 2
+
+
+def test_audit_context_refuses_a_column_no_item_has(tmp_path):
+    from receipt_embed.audit.checks import AuditContext
+
+    items = [{"receipt_id": "r0", "device": "a", "merchant": "m"}, {"receipt_id": "r1", "device": "b"}]
+    context = AuditContext(np.eye(2, dtype=np.float32), items, np.array([0, 1]), ["device"], 1, tmp_path)
+    assert context.values("merchant").tolist() == ["m", ""]
+    with pytest.raises(KeyError, match="no item has a column 'merchnt' \\(did you mean 'merchant'\\?\\)"):
+        context.values("merchnt")

@@ -339,8 +339,9 @@ def test_plugin_registering_a_name_twice(tmp_path):
     ''')
     loader = PluginLoader()
     loader.load_folder(tmp_path)
-    with pytest.raises(ComponentError, match="plugin 'twice' registers encoder 'same' twice"):
+    with pytest.warns(PluginLoadWarning, match="plugin 'twice' failed to load.*registers encoder 'same' twice"):
         loader.collect_components()
+    assert "same" not in loader.registry.names("encoder") and "twice" not in loader.registry.plugins
 
 
 def test_misconfigured_discovery_is_reported(cli, tmp_path):
@@ -385,3 +386,204 @@ def test_discovery_happens_once_per_process(tmp_path, monkeypatch):
         assert len(calls) == 2
     finally:
         plugin_manager._load.cache_clear()
+
+
+def _loaded(folder: Path, strict: bool = False):
+    loader = PluginLoader(strict=strict)
+    loader.load_builtins()
+    loader.load_folder(folder)
+    loader.collect_components()
+    return loader.registry
+
+
+def test_unusable_registrations_skip_that_plugin_only(tmp_path):
+    _write(tmp_path, "not_callable.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_losses(register):
+            register("fine_before", lambda temperature=0.1: None)
+            register("notcallable", 42)
+    ''')
+    _write(tmp_path, "spaced.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_losses(register):
+            register("My Loss", lambda temperature=0.1: None)
+    ''')
+    _write(tmp_path, "wrong_keyword.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_losses(register):
+            register("kw", lambda temperature=0.1: None, desc="typo for description")
+    ''')
+    _write(tmp_path, "good.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_losses(register):
+            register("good_loss", lambda temperature=0.1: None)
+    ''')
+    with pytest.warns(PluginLoadWarning) as caught:
+        registry = _loaded(tmp_path)
+    messages = "\n".join(str(w.message) for w in caught)
+    assert "plugin 'not_callable' failed to load" in messages and "with a factory that is not callable (int)" in messages
+    assert "invalid name 'My Loss' (letters, digits, '_', '-', '.'; no spaces)" in messages
+    assert "register(name, factory, description=''): got an unexpected keyword argument 'desc'" in messages
+    assert "<locals>" not in messages
+    # the broken plugins are gone whole (fine_before too), the good one stays
+    assert "good_loss" in registry.names("loss")
+    assert not {"fine_before", "notcallable", "kw", "My Loss"} & set(registry.names("loss"))
+    assert set(registry.failures) == {"not_callable", "spaced", "wrong_keyword"}
+    with pytest.raises(PluginLoadError, match="not_callable"):
+        _loaded(tmp_path, strict=True)
+
+
+def test_misspelled_or_undecorated_hooks_are_reported(tmp_path):
+    _write(tmp_path, "misspelled.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def register_loss(register):
+            register("x", lambda temperature=0.1: None)
+    ''')
+    _write(tmp_path, "undecorated.py", '''
+        def register_losses(register):
+            register("forgot_decorator", lambda temperature=0.1: None)
+    ''')
+    with pytest.warns(PluginLoadWarning) as caught:
+        registry = _loaded(tmp_path)
+    messages = "\n".join(str(w.message) for w in caught)
+    assert ("plugin 'misspelled' failed to load and was skipped: ValueError: @hookimpl function 'register_loss' is "
+            "not a receipt-embed hook (did you mean 'register_losses'?)") in messages
+    assert "plugin 'undecorated' defines register_losses() without @hookimpl, so it is ignored" in messages
+    assert "undecorated" in registry.plugins and "forgot_decorator" not in registry.names("loss")
+
+
+def test_folder_plugins_share_helpers_through_relative_imports(tmp_path):
+    _write(tmp_path, "_shared.py", '''
+        SCALE = 3.0
+    ''')
+    _write(tmp_path, "uses_helper.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        from ._shared import SCALE
+
+        @hookimpl
+        def register_losses(register):
+            register("scaled", lambda temperature=0.1: SCALE)
+    ''')
+    registry = _loaded(tmp_path)
+    assert registry.create("loss", "scaled") == 3.0
+    assert "_shared" not in registry.plugins  # helpers are not plugins
+
+
+def test_bad_parameters_and_factory_bugs_name_the_component(tmp_path):
+    _write(tmp_path, "buggy.py", '''
+        from receipt_embed.hookspecs import hookimpl
+
+        def build(temperature=0.1, margin=0.2):
+            return {}["missing"]
+
+        @hookimpl
+        def register_losses(register):
+            register("buggy", build)
+    ''')
+    registry = _loaded(tmp_path)
+    with pytest.raises(ComponentError, match=r"loss 'buggy' \(from plugin 'buggy'\): .*unexpected keyword argument "
+                                             r"'marign'; it accepts temperature, margin \(did you mean 'margin' for 'marign'\?\)"):
+        registry.create("loss", "buggy", marign=0.3)
+    with pytest.raises(ComponentError, match=r"loss 'buggy' \(from plugin 'buggy'\) failed to build: KeyError: 'missing'"):
+        registry.create("loss", "buggy")
+
+
+def test_blocked_plugins_are_listed(cli, tmp_path):
+    result = cli("--plugins-dir", tmp_path / "none", "plugins", cwd=tmp_path,
+                 env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.augmentations"})
+    assert "blocked builtin.augmentations (RECEIPT_EMBED_DISABLE_PLUGINS)" in result.stdout
+    info = json.loads(cli("--plugins-dir", tmp_path / "none", "plugins", "--json", cwd=tmp_path,
+                          env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.augmentations"}).stdout)
+    assert info["blocked"] == ["builtin.augmentations"]
+
+
+BROKEN_COMPONENTS = '''
+import torch
+from receipt_embed.hookspecs import hookimpl
+
+class VectorLoss(torch.nn.Module):
+    def forward(self, z, labels):
+        return (z ** 2).sum(dim=1)
+
+class NoEpochs:
+    def __init__(self, identities, batch_size):
+        self.batches = [list(range(batch_size))]
+    def __len__(self):
+        return 1
+    def __iter__(self):
+        return iter(self.batches)
+
+class NoFeatureDim(torch.nn.Module):
+    def forward(self, x):
+        return x.flatten(1)
+
+@hookimpl
+def register_losses(register):
+    register("vector_loss", lambda temperature=0.1: VectorLoss())
+
+@hookimpl
+def register_samplers(register):
+    register("no_epochs", lambda identities, batch_size, seed: NoEpochs(identities, batch_size))
+
+@hookimpl
+def register_augmentations(register):
+    register("plain_function", lambda image_size: (lambda image: {"image": image}))
+
+@hookimpl
+def register_encoders(register):
+    register("no_feature_dim", lambda **params: NoFeatureDim())
+'''
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("loss.name=vector_loss", r"loss 'vector_loss' \(from plugin 'broken_components'\) returned \(16,\), not a scalar tensor"),
+    ("sampler.name=no_epochs", r"sampler 'no_epochs' \(from plugin 'broken_components'\) built a NoEpochs without set_epoch"),
+    ("augment.preset=plain_function", r"augmentation 'plain_function' \(from plugin 'broken_components'\) built a function "
+                                      r"without set_random_seed"),
+    ("model.encoder=no_feature_dim", r"encoder 'no_feature_dim' \(from plugin 'broken_components'\) built a NoFeatureDim "
+                                     r"that is not a torch.nn.Module with an integer feature_dim"),
+])
+def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, message):
+    from conftest import TINY_TRAINING
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+    from receipt_embed.training.trainer import train
+
+    _write(tmp_path / "plugins", "broken_components.py", BROKEN_COMPONENTS)
+    registry = _loaded(tmp_path / "plugins")
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    with pytest.raises(ComponentError, match=message):
+        train(load_config(overrides=[*TINY_TRAINING, setting]), tmp_path / "ds", tmp_path / "run", registry,
+              progress=False, log=lambda m: None)
+
+
+def test_plugins_dir_given_on_the_command_line_is_recorded_in_the_run(cli, tmp_path):
+    from conftest import TINY_TRAINING
+
+    _write(tmp_path / "mine", "flip.py", '''
+        from receipt_embed.hookspecs import hookimpl
+
+        def build(image_size):
+            import albumentations as A
+            return A.Compose([A.Resize(*image_size), A.HorizontalFlip(p=0.5)])
+
+        @hookimpl
+        def register_augmentations(register):
+            register("flip", build)
+    ''')
+    sets = [arg for item in [*TINY_TRAINING, "augment.preset=flip"] for arg in ("--set", item)]
+    assert cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", cwd=tmp_path).returncode == 0
+    result = cli("--plugins-dir", "mine", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", *sets,
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"dir: {tmp_path / 'mine'}" in (tmp_path / "run" / "config.yaml").read_text()
+    # a vector-valued loss through the command line: one line, exit 2
+    _write(tmp_path / "broken", "broken_components.py", BROKEN_COMPONENTS)
+    broken = cli("--plugins-dir", "broken", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run2", "-q",
+                 *sets[:-2], "--set", "loss.name=vector_loss", cwd=tmp_path)
+    assert broken.returncode == 2 and "not a scalar tensor" in broken.stderr and "Traceback" not in broken.stderr

@@ -124,9 +124,15 @@ def test_sigterm_saves_and_resume_finishes_identically(dataset, tmp_path):
     assert "SIGTERM received: saved" in stderr and "Traceback" not in stderr
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     assert (state["epoch"], state["step"]) < (8, 0)
-    resumed = subprocess.run(_train_cmd(dataset, run, "train.epochs=8") + ["--resume"], env=_env(), capture_output=True, text=True)
+    # the run's config.yaml is reused: no --set needs repeating
+    resumed = subprocess.run([sys.executable, "-m", "receipt_embed", "train", "--data", str(dataset), "--out", str(run),
+                              "-q", "--resume"], env=_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(run) == _metrics(straight)
+    # a --set that changes the run is still refused, naming the key
+    changed = subprocess.run(_train_cmd(dataset, run, "train.epochs=9", "train.lr=0.5") + ["--resume"], env=_env(),
+                             capture_output=True, text=True)
+    assert changed.returncode == 2 and "train.lr: checkpoint 0.001, now 0.5" in changed.stderr
 
 
 NAN_PLUGIN = '''

@@ -29,7 +29,15 @@ class AuditContext:
     _neighbours: dict = field(default_factory=dict, repr=False)
 
     def values(self, column: str) -> np.ndarray:
-        """One column of the items as strings (missing: empty string)."""
+        """One column of the items as strings (empty where an item lacks it); a column no item
+        has is an error, so a typo cannot pass as a column of blanks."""
+        if not any(column in item for item in self.items):
+            import difflib
+
+            columns = sorted({key for item in self.items for key in item})
+            close = difflib.get_close_matches(column, columns, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KeyError(f"no item has a column {column!r}{hint}; columns: {', '.join(columns)}")
         return np.array([str(item.get(column, "")) for item in self.items])
 
     def neighbours(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -57,8 +65,11 @@ def _result(name: str, plugin: str, raw) -> dict:
     """Validate a check's return value into a result dict and an optional plot."""
     from receipt_embed.audit.run import json_safe
 
-    if not isinstance(raw, dict) or not isinstance(raw.get("figures"), dict):
+    if not isinstance(raw, dict):
         raise AuditCheckError(f"returned {type(raw).__name__}, not a dict with a 'figures' dict")
+    if not isinstance(raw.get("figures"), dict):
+        found = "no 'figures' key" if "figures" not in raw else f"'figures' is a {type(raw['figures']).__name__}"
+        raise AuditCheckError(f"returned a dict with {found}; 'figures' must be a dict of JSON-ready values")
     unknown = set(raw) - {"figures", "summary", "flagged", "plot"}
     if unknown:
         raise AuditCheckError(f"returned unknown keys {sorted(unknown)}; allowed: figures, summary, flagged, plot")
@@ -74,8 +85,40 @@ def _result(name: str, plugin: str, raw) -> dict:
             "flagged": bool(raw.get("flagged", False)), "plot": plot}
 
 
-def run_checks(registry, context: AuditContext, log=lambda message: None) -> tuple[dict, dict]:
-    """Run every registered audit check. Returns (results for audit.json, plots by name).
+def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict[str, dict]]:
+    """``--skip-check NAME`` and ``--check-set NAME.KEY=VALUE`` (VALUE read as YAML) into
+    (names to skip, parameters by check); unknown check names are errors with a suggestion."""
+    import difflib
+
+    import yaml
+
+    names = registry.names("audit_check") if registry is not None else []
+
+    def known(name: str, option: str) -> str:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{option}: no audit check {name!r}{hint}; checks: {', '.join(names) or '(none registered)'}")
+        return name
+
+    params: dict[str, dict] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        name, dot, param = key.strip().partition(".")
+        if not sep or not dot or not param:
+            raise ValueError(f"--check-set expects NAME.KEY=VALUE, got {item!r}")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--check-set {item!r}: cannot read the value: {str(exc).splitlines()[0]}") from None
+        params.setdefault(known(name, "--check-set"), {})[param] = parsed
+    return {known(name, "--skip-check") for name in skip}, params
+
+
+def run_checks(registry, context: AuditContext, log=lambda message: None, skip=frozenset(),
+               params: dict | None = None) -> tuple[dict, dict]:
+    """Run every registered audit check but those in ``skip``, each factory called with its
+    ``params``. Returns (results for audit.json, plots by name).
 
     A check that raises or returns a malformed result is reported as a warning naming it and
     recorded with its error (fatal when the plugins were loaded with --strict-plugins)."""
@@ -84,11 +127,18 @@ def run_checks(registry, context: AuditContext, log=lambda message: None) -> tup
     results, plots = {}, {}
     if registry is None:
         return results, plots
+    params = params or {}
     for name in registry.names("audit_check"):
+        if name in skip:
+            continue
         component = registry.get("audit_check", name)
         log(f"audit check {name} ({component.plugin})")
         try:
-            result = _result(name, component.plugin, registry.create("audit_check", name)(context))
+            check = registry.create("audit_check", name, **params.get(name, {}))
+        except Exception as exc:  # bad --check-set values are the user's to fix, always fatal
+            raise ValueError(str(exc)) from None
+        try:
+            result = _result(name, component.plugin, check(context))
         except Exception as exc:
             detail = (str(exc) if isinstance(exc, AuditCheckError)
                       else "".join(traceback.format_exception_only(type(exc), exc)).strip())

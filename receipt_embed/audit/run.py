@@ -56,10 +56,12 @@ def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int) -
 
 def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *, k: int = 10,
               rule: FlagRule = FlagRule(), gallery: int = 8, context: tuple[str, ...] = (),
-              registry=None, log=lambda message: None) -> dict:
+              registry=None, skip_checks=frozenset(), check_params: dict | None = None,
+              log=lambda message: None) -> dict:
     """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures.
 
-    With a plugin ``registry``, its audit checks (``register_audit_checks``) run too."""
+    With a plugin ``registry``, its audit checks (``register_audit_checks``) run too, but those
+    in ``skip_checks``; ``check_params`` (by check name) go to their factories."""
     import warnings
 
     from receipt_embed.audit import report
@@ -87,7 +89,8 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
     receipt_ids = np.array([str(item["receipt_id"]) for item in index_dir.items])
     labels = np.unique(receipt_ids, return_inverse=True)[1]
     check_context = AuditContext(x, index_dir.items, labels, attributes, figures["k"], index_dir.path)
-    figures["checks"], check_plots = run_checks(registry, check_context, log=log)
+    figures["checks"], check_plots = run_checks(registry, check_context, log=log, skip=skip_checks,
+                                                params=check_params)
     figures["flagged_checks"] = [name for name, result in figures["checks"].items() if result["flagged"]]
 
     log("drawing plots")

@@ -30,17 +30,22 @@ from receipt_embed.cli.options import InputError, load_registry
 @click.option("--gallery", type=click.IntRange(min=0), default=8, show_default=True,
               help="Worst retrieval failures shown with thumbnails (0: none).")
 @click.option("--fail-on-shortcut", is_flag=True,
-              help="Exit with code 1 when an attribute is flagged or the space has collapsed (a CI gate).")
+              help="Exit with code 1 when an attribute or a plugin check is flagged, or the space has collapsed (a CI gate).")
+@click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
+              help="Do not run this plugin audit check (repeatable; `receipt-embed plugins` lists them).")
+@click.option("--check-set", "check_settings", multiple=True, metavar="NAME.KEY=VALUE",
+              help="A parameter for a plugin audit check, e.g. hubness.max_skewness=5 (repeatable).")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z, max_probe_gain, gallery,
-                    fail_on_shortcut, quiet):
+                    fail_on_shortcut, skip_checks, check_settings, quiet):
     """Does the embedding find a receipt's other captures, and does it cluster by capture
     metadata (device, ...) more than chance? Writes audit.json and a self-contained audit.html.
 
     \b
     receipt-embed audit-shortcuts runs/demo/index --attribute device --context-attribute merchant
-    Exit codes: 0 done, 1 flagged or collapsed with --fail-on-shortcut, 2 bad input."""
-    from receipt_embed.audit.checks import AuditCheckError
+    Audit checks from plugins (register_audit_checks) run too and add their figures.
+    Exit codes: 0 done, 1 an attribute or check flagged, or collapsed, with --fail-on-shortcut; 2 bad input."""
+    from receipt_embed.audit.checks import AuditCheckError, parse_check_settings
     from receipt_embed.audit.figures import FlagRule
     from receipt_embed.audit.run import run_audit, summary
     from receipt_embed.indexing import IndexDirError
@@ -49,11 +54,13 @@ def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z,
         raise InputError("--out takes a directory for audit.json and audit.html; the summary always goes to stdout")
     out = Path(out_dir) if out_dir else Path(index_dir) / "audit"
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    registry = load_registry(click.get_current_context())
     try:
+        skip, params = parse_check_settings(registry, skip_checks, check_settings)
         figures = run_audit(index_dir, list(dict.fromkeys(attributes)), out, k=k,
                             rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery,
                             context=tuple(dict.fromkeys(c for c in context if c not in attributes)),
-                            registry=load_registry(click.get_current_context()), log=log)
+                            registry=registry, skip_checks=skip, check_params=params, log=log)
     except (IndexDirError, OSError, ValueError, AuditCheckError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))

@@ -34,6 +34,7 @@ def describe(registry) -> dict:
             for name, info in registry.plugins.items()
         ],
         "failed": [{"name": name, "error": error} for name, error in registry.failures.items()],
+        "blocked": list(registry.blocked),
     }
 
 
@@ -56,3 +57,5 @@ def plugins(ctx, as_json, config_file, overrides):
             click.echo(f"    {'hook':<13} {hook}")
     for failure in info["failed"]:
         click.echo(f"FAILED {failure['name']}: {failure['error']}")
+    for name in info["blocked"]:
+        click.echo(f"blocked {name} (RECEIPT_EMBED_DISABLE_PLUGINS)")

@@ -91,7 +91,8 @@ def launch_torchrun(nproc: int) -> int:
               help="Dataset dir from `ingest` [data_samples/, ingested on the fly].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/train", show_default=True,
               help="Run dir: config.yaml, metrics.jsonl, checkpoints/.")
-@click.option("--resume", is_flag=True, help="Continue the run in --out from checkpoints/last.pt.")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --out from checkpoints/last.pt, with the run's config.yaml (unless --config).")
 @click.option("--sweep", default=None, metavar="KEY=V1,V2,...",
               help="Train once per value (e.g. loss.temperature=0.05,0.1,0.2) into OUT/KEY=V; pick by val recall@1.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars; one log line per epoch.")
@@ -120,7 +121,13 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
     from receipt_embed.training.trainer import train as run_training
 
+    saved = Path(out_dir) / "config.yaml"
+    if resume and config_file is None and saved.is_file():
+        config_file = str(saved)  # the run's own settings; --set still applies on top
     config = resolve_config(config_file, overrides)
+    plugins_dir = (ctx.find_root().obj or {}).get("plugins_dir")
+    if plugins_dir:  # recorded in config.yaml, so the run says where its plugins came from
+        config.plugins.dir = str(Path(plugins_dir).resolve())
     registry = load_registry(ctx, config)
     check_components(config, registry)
     if nproc > 1 and world == 1:
@@ -146,7 +153,9 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
         result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log)
     except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as exc:
         raise InputError(str(exc)) from None
-    except (TrainingDiverged, PluginLoadError) as exc:  # a plugin hook failing under --strict-plugins
+    except PluginLoadError as exc:  # a plugin hook failed under --strict-plugins
+        raise InputError(str(exc)) from None
+    except TrainingDiverged as exc:
         raise click.ClickException(str(exc)) from None
     except TrainingInterrupted as exc:
         if int(os.environ.get("RANK", "0")) == 0:

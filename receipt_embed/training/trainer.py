@@ -31,6 +31,7 @@ from receipt_embed.evaluation.diagnostics import embedding_diagnostics
 from receipt_embed.evaluation.retrieval import retrieval_metrics
 from receipt_embed.fileio import atomic_write_jsonl, read_jsonl
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
+from receipt_embed.registry import ComponentError
 from receipt_embed.sampling import build_sampler
 from receipt_embed.training.checkpoint import CheckpointError, check_compatible, load_checkpoint, save_checkpoint
 
@@ -67,9 +68,22 @@ def build_model(config: Config, registry) -> Embedder:
         pooling=config.model.pooling,
         grid=tuple(config.model.grid),
     )
+    plugin = registry.get("encoder", config.model.encoder).plugin
+    if not isinstance(encoder, torch.nn.Module) or not isinstance(getattr(encoder, "feature_dim", None), int):
+        raise ComponentError(f"encoder {config.model.encoder!r} (from plugin {plugin!r}) built a {type(encoder).__name__} "
+                             "that is not a torch.nn.Module with an integer feature_dim (see docs/plugins.md)")
     model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
     set_batchnorm_momentum(model, config.model.bn_momentum)
     return model
+
+
+def _check_built(registry, kind: str, name: str, built, needs: tuple[str, ...]) -> None:
+    """A plugin's factory returned something train cannot use: say which component and rule."""
+    missing = [attr for attr in needs if not hasattr(built, attr)]
+    if missing:
+        plugin = registry.get(kind, name).plugin
+        raise ComponentError(f"{kind} {name!r} (from plugin {plugin!r}) built a {type(built).__name__} without "
+                             f"{', '.join(missing)}; a {kind} needs {', '.join(needs)} (see docs/plugins.md)")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -255,7 +269,10 @@ class Trainer:
             if batch_size % self.ctx.world_size:
                 raise ValueError(f"train.batch_size {batch_size} does not split over {self.ctx.world_size} processes; "
                                  "use a multiple of the process count")
+        _check_built(registry, "sampler", config.sampler.name, self.sampler, ("__len__", "__iter__", "set_epoch"))
         transform = registry.create("augmentation", config.augment.preset, image_size=tuple(config.data.image_size), **config.augment.params)
+        _check_built(registry, "augmentation", config.augment.preset, transform, ("__call__", "set_random_seed"))
+        _check_built(registry, "loss", config.loss.name, self.loss_fn, ("__call__",))
         self.dataset = ViewDataset(self.train_cache, transform, config.data.grayscale, self.train_set.labels)
         self.key_model = None
         if getattr(self.loss_fn, "wants_momentum_keys", False):
@@ -336,6 +353,11 @@ class Trainer:
             loss = self.loss_fn(projections.float(), labels)
         else:
             loss = self.loss_fn(projections.float(), labels, keys=self._momentum_keys(views, labels))
+        if not torch.is_tensor(loss) or loss.ndim != 0:
+            plugin = self.registry.get("loss", self.config.loss.name).plugin
+            shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+            raise ComponentError(f"loss {self.config.loss.name!r} (from plugin {plugin!r}) returned {shape}, "
+                                 "not a scalar tensor; reduce it (e.g. .mean()) inside the loss")
         if not torch.isfinite(loss):
             raise TrainingDiverged(
                 f"loss became {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1} "

@@ -56,6 +56,7 @@ class ModelConfig(_Section):
     head_dim: PositiveInt
     bn_momentum: float = Field(gt=0, le=1)
     input_norm: Literal["fixed", "per_image"]
+    params: dict[str, Any] = Field(default_factory=dict)  # extra keyword arguments for the encoder plugin
 
 
 class LossConfig(_Section):

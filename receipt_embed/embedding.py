@@ -35,9 +35,18 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
     """Rebuild the model a checkpoint was trained with (its own resolved config)."""
     from receipt_embed.training.trainer import build_model
 
+    from receipt_embed.registry import ComponentError
+
     state = load_checkpoint(checkpoint)
     config = Config.model_validate(state["config"])
-    model = build_model(config, registry)
+    try:
+        model = build_model(config, registry)
+    except ComponentError as exc:
+        if config.plugins.dir and str(exc).startswith("unknown "):
+            # never loaded automatically: that would run code named by a data file
+            raise ComponentError(f"{exc} {checkpoint} was trained with plugins from {config.plugins.dir}: "
+                                 f"run `receipt-embed --plugins-dir {config.plugins.dir} ...`") from None
+        raise
     model.load_state_dict(state["model"])
     model.eval()
     return LoadedModel(model, config, Path(checkpoint))

@@ -115,6 +115,12 @@ class PluginLoader:
                 close = difflib.get_close_matches(attr, sorted(specs), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}")
+            if marked and attr in specs:
+                allowed = list(inspect.signature(getattr(hookspecs, attr)).parameters)
+                wrong = [a for a in inspect.signature(value).parameters if a not in allowed]
+                if wrong:
+                    raise ValueError(f"{attr}() takes arguments named {', '.join(wrong)}; the hook offers "
+                                     f"{', '.join(allowed)} (use those names, any subset)")
             if not marked and attr in specs:
                 warnings.warn(f"plugin {name!r} defines {attr}() without @hookimpl, so it is ignored; decorate it with "
                               "receipt_embed.hookspecs.hookimpl", PluginLoadWarning, stacklevel=3)
@@ -180,6 +186,10 @@ class PluginLoader:
                 spec.loader.exec_module(module)
             except Exception as exc:
                 sys.modules.pop(module_name, None)
+                missing = getattr(exc, "name", None)
+                if isinstance(exc, ModuleNotFoundError) and missing and (folder / f"{missing}.py").is_file():
+                    exc = ModuleNotFoundError(f"{exc}; {missing}.py is in the plugins folder: import it relatively, "
+                                              f"`from .{missing} import ...`")
                 self._fail(name, exc)
                 continue
             self._register(module, PluginInfo(name, "folder", str(path), getattr(module, "__version__", None)))
@@ -228,7 +238,7 @@ def hook_implementations(registry: Registry, hook_name: str) -> list:
     return [impl for impl in getattr(pm.hook, hook_name).get_hookimpls() if impl.plugin_name not in registry.failures]
 
 
-def call_hook(registry: Registry, hook_name: str, **kwargs) -> dict[str, object]:
+def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> dict[str, object]:
     """Call ``hook_name`` on every plugin implementing it, one at a time.
 
     Unlike a plain pluggy call, a plugin that raises does not stop the others: it gets a
@@ -242,9 +252,10 @@ def call_hook(registry: Registry, hook_name: str, **kwargs) -> dict[str, object]
             results[impl.plugin_name] = impl.function(*args, **optional)
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            at = f" ({where})" if where else ""
             if registry.strict:
-                raise PluginLoadError(f"plugin {impl.plugin_name!r} failed in {hook_name} (--strict-plugins): {detail}") from exc
-            warnings.warn(f"plugin {impl.plugin_name!r} failed in {hook_name}: {detail}; going on without it this "
+                raise PluginLoadError(f"plugin {impl.plugin_name!r} failed in {hook_name}{at} (--strict-plugins): {detail}") from exc
+            warnings.warn(f"plugin {impl.plugin_name!r} failed in {hook_name}{at}: {detail}; going on without it this "
                           "time (--strict-plugins makes this fatal)", PluginHookWarning, stacklevel=2)
     return results
 

@@ -7,6 +7,7 @@ name both plugins.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import re
@@ -21,6 +22,19 @@ KINDS: dict[str, str] = {
     "sampler": "register_samplers",
     "audit_check": "register_audit_checks",
 }
+
+
+# the arguments receipt-embed itself passes to each kind's factory (params may not set them)
+FRAMEWORK_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "loss": ("temperature",),
+    "encoder": ("pretrained", "in_channels", "pooling", "grid"),
+    "augmentation": ("image_size",),
+    "sampler": ("identities", "batch_size", "seed", "metadata"),
+    "audit_check": (),
+}
+# where the user sets each kind's params, for messages
+PARAMS_KEY = {"loss": "loss.params", "encoder": "model.params", "augmentation": "augment.params",
+              "sampler": "sampler.params", "audit_check": "--check-set"}
 
 
 class ComponentError(ValueError):
@@ -40,7 +54,28 @@ class ComponentClash(ComponentError):
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _parameter_hint(factory, params: dict) -> str:
+@contextlib.contextmanager
+def plugin_errors(registry: "Registry", kind: str, name: str, doing: str):
+    """Errors raised inside a third-party component become one line naming it and where in
+    its code it failed (built-ins keep their tracebacks: a bug there is ours)."""
+    component = registry.get(kind, name)
+    if component.plugin.startswith("builtin."):
+        yield
+        return
+    try:
+        yield
+    except ComponentError:
+        raise
+    except Exception as exc:
+        import traceback
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}) failed while {doing}: "
+                             f"{type(exc).__name__}: {exc}{where}") from exc
+
+
+def _parameter_hint(factory, params: dict, kind: str) -> str:
     """'; it accepts a, b (did you mean 'margin'?)' for a parameter the factory lacks."""
     try:
         parameters = inspect.signature(factory).parameters
@@ -48,9 +83,11 @@ def _parameter_hint(factory, params: dict) -> str:
         return ""
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return ""
-    accepted = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    reserved = FRAMEWORK_ARGUMENTS.get(kind, ())
+    accepted = [n for n, p in parameters.items()
+                if p.kind is not inspect.Parameter.VAR_POSITIONAL and n not in reserved]
     unknown = [key for key in params if key not in parameters]
-    hint = f"; it accepts {', '.join(accepted) or 'no parameters'}"
+    hint = f"; its {PARAMS_KEY.get(kind, 'params')} may set {', '.join(accepted) or 'nothing'}"
     for key in unknown:
         close = difflib.get_close_matches(key, accepted, n=1)
         if close:
@@ -122,7 +159,8 @@ class Registry:
             names = ", ".join(sorted(available)) or "(none registered)"
             close = difflib.get_close_matches(name, list(available), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ComponentError(f"unknown {kind} {name!r}. Available: {names}.{hint}")
+            raise ComponentError(f"unknown {kind} {name!r}. Available: {names}.{hint} (From a plugin? "
+                                 "`receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)")
         return available[name]
 
     def create(self, kind: str, name: str, **params: Any) -> Any:
@@ -132,7 +170,7 @@ class Registry:
             return component.factory(**params)
         except TypeError as exc:
             raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}"
-                                 f"{_parameter_hint(component.factory, params)}") from exc
+                                 f"{_parameter_hint(component.factory, params, kind)}") from exc
         except (ComponentError, OSError):  # a missing weights file is the user's to fix, as it says
             raise
         except ValueError as exc:  # the factory rejected a parameter value: say whose
@@ -140,6 +178,19 @@ class Registry:
         except Exception as exc:  # a plugin bug: name it instead of a traceback through our code
             raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}) failed to build: "
                                  f"{type(exc).__name__}: {exc}") from exc
+
+    def create_with(self, kind: str, name: str, framework: dict[str, Any], params: dict[str, Any]) -> Any:
+        """``create`` with the arguments receipt-embed passes itself plus the user's params;
+        a param that would override one of ours is an error saying which key to set instead."""
+        clash = sorted(set(params) & (set(framework) | set(FRAMEWORK_ARGUMENTS.get(kind, ()))))
+        if clash:
+            raise ComponentError(f"{PARAMS_KEY.get(kind, 'params')} sets {', '.join(map(repr, clash))}, which receipt-embed "
+                                 f"passes to {kind} {name!r} itself; remove it from {PARAMS_KEY.get(kind, 'params')}"
+                                 + (" (set loss.temperature instead)" if "temperature" in clash else ""))
+        return self.create(kind, name, **framework, **params)
+
+    def is_builtin(self, kind: str, name: str) -> bool:
+        return self.get(kind, name).plugin.startswith("builtin.")
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.components[kind])

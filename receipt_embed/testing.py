@@ -75,7 +75,7 @@ def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch:
     assert torch.isfinite(out).all(), "the encoder returned non-finite features"
 
 
-def check_augmentation(transform, *, image_size=(64, 32), source_size=(90, 50), seed: int = 0) -> None:
+def check_augmentation(transform, *, image_size=(128, 64), source_size=(180, 100), seed: int = 0) -> None:
     """uint8 H x W x 3 in, uint8 image_size x 3 out; the same seed gives the same view."""
     rng = np.random.default_rng(seed)
     image = rng.integers(0, 256, size=(*source_size, 3), dtype=np.uint8)
@@ -90,8 +90,10 @@ def check_augmentation(transform, *, image_size=(64, 32), source_size=(90, 50), 
     assert np.array_equal(outputs[0], outputs[1]), "the same seed must give the same view (resumable runs need it)"
 
 
-def check_sampler(sampler, labels, *, epochs: int = 2) -> None:
-    """Batches of valid capture indices, ``len(sampler)`` of them, the same for the same epoch."""
+def check_sampler(sampler, labels, *, epochs: int = 2, two_view: bool = False) -> None:
+    """Batches of valid capture indices, ``len(sampler)`` of them, the same for the same epoch.
+    With ``two_view`` (for the two-view losses: ntxent, moco, align_uniform, vicreg, ...)
+    every batch is ``[first views of B receipts; second views of the same B receipts]``."""
     n = len(labels)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
@@ -101,6 +103,12 @@ def check_sampler(sampler, labels, *, epochs: int = 2) -> None:
         assert all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for b in batches for i in b), (
             "batches must hold integer capture indices")
         assert all(0 <= int(i) < n for b in batches for i in b), "a batch holds an index outside the dataset"
+        if two_view:
+            for batch in batches:
+                half = len(batch) // 2
+                rows = [labels[int(i)] for i in batch]
+                assert len(batch) % 2 == 0 and rows[:half] == rows[half:] and len(set(rows[:half])) == half, (
+                    "two-view batches must be [first views of B distinct receipts; second views, same order]")
         sampler.set_epoch(epoch)
         assert batches == [list(b) for b in sampler], "the same epoch must give the same batches (resumable runs)"
 
@@ -145,3 +153,26 @@ def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -
     first, second = run(), run()
     assert json.dumps(first["figures"], sort_keys=True) == json.dumps(second["figures"], sort_keys=True), (
         "the same index must give the same figures")
+
+
+def load_plugin(path):
+    """Import a folder plugin file the way discovery does (as part of its folder's package,
+    so its relative imports of ``_helpers`` work) and return the module, for your tests::
+
+        plugin = load_plugin(Path(__file__).parents[1] / "plugins" / "my_loss.py")
+        check_loss(plugin.build(margin=0.5))
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from receipt_embed.plugin_manager import FOLDER_PACKAGE, _folder_package
+
+    path = Path(path).resolve()
+    _folder_package(path.parent)
+    name = f"{FOLDER_PACKAGE}.{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -38,6 +38,7 @@ def test_encoders_keep_the_contract(name):
 @pytest.mark.parametrize("name", _names("augmentation"))
 def test_augmentations_keep_the_contract(name):
     check_augmentation(REGISTRY.create("augmentation", name, image_size=(64, 32)), image_size=(64, 32))
+    check_augmentation(REGISTRY.create("augmentation", name, image_size=(128, 64)))  # the default size
 
 
 @pytest.mark.parametrize("name", _names("sampler"))
@@ -47,7 +48,8 @@ def test_samplers_keep_the_contract(name):
     labels = np.repeat(np.arange(20), 3).tolist()
     rows = [{"path": f"{i}.jpg", "receipt_id": f"r{label}", "device": f"d{i % 3}", "merchant": f"m{label % 4}"}
             for i, label in enumerate(labels)]
-    check_sampler(build_sampler(REGISTRY, name, labels, rows, 4, 0, {}), labels)
+    check_sampler(build_sampler(REGISTRY, name, labels, rows, 4, 0, {}), labels,
+                  two_view=name in {"unique_identity", "same_merchant"})
 
 
 @pytest.mark.parametrize("name", _names("audit_check"))
@@ -93,6 +95,23 @@ def test_the_checks_catch_broken_components():
         check_audit_check(lambda context: {"skewness": 1.0})
     with pytest.raises(AssertionError, match="not JSON-ready"):
         check_audit_check(lambda context: {"figures": {"a": object()}})
+    with pytest.raises(AssertionError, match="'flagged' must be True or False"):
+        check_audit_check(lambda context: {"figures": {}, "flagged": "yes"})
+
+    class Interleaved:  # [a1, a2, b1, b2, ...]: fine for supcon, wrong for the two-view losses
+        def __init__(self):
+            self.epoch = 0
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+        def __len__(self):
+            return 1
+        def __iter__(self):
+            return iter([[0, 1, 3, 4]])
+
+    labels = np.repeat(np.arange(4), 3).tolist()
+    check_sampler(Interleaved(), labels)
+    with pytest.raises(AssertionError, match="two-view batches must be"):
+        check_sampler(Interleaved(), labels, two_view=True)
     counter = iter(range(10))
     with pytest.raises(AssertionError, match="same figures"):
         check_audit_check(lambda context: {"figures": {"calls": next(counter)}})

@@ -68,3 +68,11 @@ def test_the_package_tests_pass_against_the_installed_copy(site):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 passed" in result.stdout
+
+
+def test_installed_package_keeps_discovery_free_of_torch(tmp_path, site):
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    code = ("import sys; from receipt_embed.cli import main\ntry:\n    main(['plugins'])\nexcept SystemExit: pass\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert "batch_hard_triplet" in out.stdout and out.stdout.strip().endswith("False"), out.stdout + out.stderr

@@ -77,7 +77,7 @@ def _train(registry, dataset, run_dir, epochs=2):
 def test_on_epoch_end_sees_each_epoch_after_its_checkpoint(tmp_path, dataset):
     registry = _registry(tmp_path / "plugins", recorder=RECORDER, only_epoch=ONLY_EPOCH, broken_tracker=BROKEN_TRACKER)
     run = tmp_path / "run"
-    with pytest.warns(PluginHookWarning, match="'broken_tracker' failed in on_epoch_end.*tracker offline") as caught:
+    with pytest.warns(PluginHookWarning, match="'broken_tracker' failed in on_epoch_end \\(epoch \\d\\).*tracker offline") as caught:
         result = _train(registry, dataset, run)
     assert len([w for w in caught if issubclass(w.category, PluginHookWarning)]) == 2  # once per epoch
     calls = [json.loads(line) for line in (run / "hook_calls.jsonl").read_text().splitlines()]
@@ -107,7 +107,7 @@ def test_on_epoch_end_strict_failure_on_the_command_line(cli, tmp_path, dataset)
     sets = [arg for item in TINY_TRAINING for arg in ("--set", item)]
     result = cli("--strict-plugins", "train", "--data", dataset, "--out", tmp_path / "run", "-q", *sets, cwd=tmp_path)
     assert result.returncode == 2
-    assert "Error: plugin 'broken_tracker' failed in on_epoch_end (--strict-plugins): ConnectionError: tracker offline" in result.stderr
+    assert "Error: plugin 'broken_tracker' failed in on_epoch_end (epoch 1) (--strict-plugins): ConnectionError: tracker offline" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -243,8 +243,12 @@ def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
     assert typo.returncode == 2 and "--skip-check: no audit check 'hubnes' (did you mean 'hubness'?)" in typo.stderr
     bad_param = audit("--check-set", "hubness.max_skew=3", out="e")
     assert bad_param.returncode == 2
-    assert "it accepts max_skewness, min_items (did you mean 'max_skewness' for 'max_skew'?)" in bad_param.stderr
+    assert "its --check-set may set max_skewness, min_items (did you mean 'max_skewness' for 'max_skew'?)" in bad_param.stderr
     assert audit("--check-set", "hubness=3", out="f").returncode == 2
+    # values read like --set values, and recorded with the results
+    audit("--check-set", "hubness.max_skewness=1e1", "--check-set", "hubness.min_items=50", out="g")
+    recorded = json.loads((tmp_path / "g" / "audit.json").read_text())["checks"]["hubness"]["params"]
+    assert recorded == {"max_skewness": 10.0, "min_items": 50}
 
 
 def test_audit_context_refuses_a_column_no_item_has(tmp_path):

@@ -203,7 +203,8 @@ def test_unknown_component_lists_available_names():
     registry.add("encoder", "builtin.encoders", "resnet50", lambda **p: "r50")
     with pytest.raises(ComponentError) as info:
         registry.create("encoder", "resnet19")
-    assert str(info.value) == "unknown encoder 'resnet19'. Available: resnet18, resnet50. Did you mean 'resnet18'?"
+    assert str(info.value) == ("unknown encoder 'resnet19'. Available: resnet18, resnet50. Did you mean 'resnet18'? "
+                               "(From a plugin? `receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)")
     assert registry.create("encoder", "resnet50") == "r50"
 
 
@@ -487,7 +488,7 @@ def test_bad_parameters_and_factory_bugs_name_the_component(tmp_path):
     ''')
     registry = _loaded(tmp_path)
     with pytest.raises(ComponentError, match=r"loss 'buggy' \(from plugin 'buggy'\): .*unexpected keyword argument "
-                                             r"'marign'; it accepts temperature, margin \(did you mean 'margin' for 'marign'\?\)"):
+                                             r"'marign'; its loss.params may set margin \(did you mean 'margin' for 'marign'\?\)"):
         registry.create("loss", "buggy", marign=0.3)
     with pytest.raises(ComponentError, match=r"loss 'buggy' \(from plugin 'buggy'\) failed to build: KeyError: 'missing'"):
         registry.create("loss", "buggy")
@@ -522,21 +523,51 @@ class NoFeatureDim(torch.nn.Module):
     def forward(self, x):
         return x.flatten(1)
 
+class OneArgument(torch.nn.Module):
+    def forward(self, z):
+        return z.sum()
+
+class WrongDim(torch.nn.Module):
+    feature_dim = 32
+    def forward(self, x):
+        return x.mean(dim=(2, 3)).repeat(1, 8)  # 8 features, claims 32
+
+class OutOfRange(NoEpochs):
+    def set_epoch(self, epoch):
+        pass
+    def __iter__(self):
+        return iter([[0, 10 ** 6] * 4])
+
+class Width(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.feature_dim = width
+        self.layer = torch.nn.Linear(1, width)
+    def forward(self, x):
+        return self.layer(x.mean(dim=(1, 2, 3))[:, None])
+
 @hookimpl
 def register_losses(register):
     register("vector_loss", lambda temperature=0.1: VectorLoss())
+    register("one_argument", lambda temperature=0.1: OneArgument())
+    register("plain_function_loss", lambda temperature=0.1: (lambda z, labels: z.sum()))
 
-@hookimpl
-def register_samplers(register):
-    register("no_epochs", lambda identities, batch_size, seed: NoEpochs(identities, batch_size))
 
 @hookimpl
 def register_augmentations(register):
     register("plain_function", lambda image_size: (lambda image: {"image": image}))
+    register("no_resize", lambda image_size: __import__("albumentations").Compose([]))
 
 @hookimpl
 def register_encoders(register):
     register("no_feature_dim", lambda **params: NoFeatureDim())
+    register("wrong_dim", lambda **params: WrongDim())
+    register("width", lambda pretrained, in_channels, pooling, grid, width=4: Width(width))
+
+@hookimpl
+def register_samplers(register):
+    register("no_epochs", lambda identities, batch_size, seed: NoEpochs(identities, batch_size))
+    register("out_of_range", lambda identities, batch_size, seed: OutOfRange(identities, batch_size))
 '''
 
 
@@ -547,6 +578,18 @@ def register_encoders(register):
                                       r"without set_random_seed"),
     ("model.encoder=no_feature_dim", r"encoder 'no_feature_dim' \(from plugin 'broken_components'\) built a NoFeatureDim "
                                      r"that is not a torch.nn.Module with an integer feature_dim"),
+    ("loss.name=one_argument", r"loss 'one_argument' \(from plugin 'broken_components'\) failed while computing the loss: "
+                               r"TypeError: .*forward\(\) takes 2 positional arguments but 3 were given at .*torch"),
+    ("loss.name=plain_function_loss", r"loss 'plain_function_loss' \(from plugin 'broken_components'\) built a function, "
+                                      r"not a torch.nn.Module"),
+    ("model.encoder=wrong_dim", r"encoder 'wrong_dim' \(from plugin 'broken_components'\) returned \(2, 8\) for 2 images "
+                                r"of 1 x 64 x 32; expected \(N, feature_dim\) = \(2, 32\)"),
+    ("augment.preset=no_resize", r"augmentation 'no_resize' returned a uint8 \(\d+, \d+, 3\) view; views must be uint8 of "
+                                 r"64 x 32 \(data.image_size\) x 3"),
+    ("sampler.name=out_of_range", r"sampler 'out_of_range' yielded 1000000 in batch 1 of epoch 1; indices must be integers "
+                                  r"in 0..143"),
+    ("loss.params={temperature: 0.5}", r"loss.params sets 'temperature', which receipt-embed passes to loss 'ntxent' itself; "
+                                       r"remove it from loss.params \(set loss.temperature instead\)"),
 ])
 def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, message):
     from conftest import TINY_TRAINING
@@ -557,9 +600,79 @@ def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, mes
     _write(tmp_path / "plugins", "broken_components.py", BROKEN_COMPONENTS)
     registry = _loaded(tmp_path / "plugins")
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
-    with pytest.raises(ComponentError, match=message):
-        train(load_config(overrides=[*TINY_TRAINING, setting]), tmp_path / "ds", tmp_path / "run", registry,
-              progress=False, log=lambda m: None)
+    with pytest.raises((ComponentError, ValueError), match=message):
+        train(load_config(overrides=[*TINY_TRAINING, "train.num_workers=0", setting]), tmp_path / "ds", tmp_path / "run",
+              registry, progress=False, log=lambda m: None)
+
+
+def test_encoder_params_come_from_model_params(tmp_path):
+    from conftest import TINY_TRAINING
+    from receipt_embed.config import load_config
+    from receipt_embed.training.trainer import build_model
+
+    _write(tmp_path / "plugins", "broken_components.py", BROKEN_COMPONENTS)
+    registry = _loaded(tmp_path / "plugins")
+    model = build_model(load_config(overrides=[*TINY_TRAINING, "model.encoder=width", "model.params={width: 12}"]), registry)
+    assert model.encoder.feature_dim == 12
+    with pytest.raises(ComponentError, match=r"model.params may set width \(did you mean 'width' for 'widht'\?\)"):
+        build_model(load_config(overrides=[*TINY_TRAINING, "model.encoder=width", "model.params={widht: 12}"]), registry)
+
+
+def test_hook_arguments_and_helper_imports_get_pointed_messages(tmp_path):
+    _write(tmp_path, "wrong_argument.py", '''
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def on_epoch_end(epoch, cfg):
+            pass
+    ''')
+    _write(tmp_path, "_shared.py", "X = 1\n")
+    _write(tmp_path, "absolute_helper.py", '''
+        from _shared import X
+    ''')
+    with pytest.warns(PluginLoadWarning) as caught:
+        _loaded(tmp_path)
+    messages = "\n".join(str(w.message) for w in caught)
+    assert ("on_epoch_end() takes arguments named cfg; the hook offers run_dir, epoch, metrics, model, config") in messages
+    assert "_shared.py is in the plugins folder: import it relatively, `from ._shared import ...`" in messages
+
+
+def test_unknown_component_from_a_checkpoint_names_its_plugins_folder(tmp_path):
+    from conftest import TINY_TRAINING
+    from receipt_embed.config import load_config
+    from receipt_embed.embedding import load_model
+    from receipt_embed.ingest import ingest
+    from receipt_embed.training.trainer import train
+
+    _write(tmp_path / "mine", "enc.py", '''
+        from receipt_embed.hookspecs import hookimpl
+
+        def build(pretrained, in_channels, pooling, grid):
+            import torch
+
+            class Tiny(torch.nn.Module):
+                feature_dim = 4
+
+                def __init__(self):
+                    super().__init__()
+                    self.layer = torch.nn.Linear(1, 4)
+
+                def forward(self, x):
+                    return self.layer(x.mean(dim=(1, 2, 3))[:, None])
+
+            return Tiny()
+
+        @hookimpl
+        def register_encoders(register):
+            register("tiny_encoder", build)
+    ''')
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    config = load_config(overrides=[*TINY_TRAINING, "model.encoder=tiny_encoder", f"plugins.dir={tmp_path / 'mine'}"])
+    train(config, tmp_path / "ds", tmp_path / "run", _loaded(tmp_path / "mine"), progress=False, log=lambda m: None)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert load_model(checkpoint, _loaded(tmp_path / "mine")).model.encoder.feature_dim == 4
+    with pytest.raises(ComponentError, match=rf"unknown encoder 'tiny_encoder'.*trained with plugins from "
+                                             rf"{tmp_path / 'mine'}: run `receipt-embed --plugins-dir"):
+        load_model(checkpoint, _loaded(tmp_path / "elsewhere"))
 
 
 def test_plugins_dir_given_on_the_command_line_is_recorded_in_the_run(cli, tmp_path):

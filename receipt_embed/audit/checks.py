@@ -78,6 +78,10 @@ def _result(name: str, plugin: str, raw) -> dict:
         json.dumps(figures, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise AuditCheckError(f"figures are not JSON-ready: {exc}") from None
+    if "flagged" in raw and not isinstance(raw["flagged"], (bool, np.bool_)):
+        raise AuditCheckError(f"'flagged' must be True or False, got {raw['flagged']!r}")
+    if "\n" in str(raw.get("summary", "")):
+        raise AuditCheckError("'summary' must be one line")
     plot = raw.get("plot")
     if plot is not None and not hasattr(plot, "savefig"):
         raise AuditCheckError(f"'plot' must be a matplotlib figure, got {type(plot).__name__}")
@@ -90,7 +94,7 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
     (names to skip, parameters by check); unknown check names are errors with a suggestion."""
     import difflib
 
-    import yaml
+    from omegaconf import OmegaConf
 
     names = registry.names("audit_check") if registry is not None else []
 
@@ -107,9 +111,9 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
         name, dot, param = key.strip().partition(".")
         if not sep or not dot or not param:
             raise ValueError(f"--check-set expects NAME.KEY=VALUE, got {item!r}")
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
+        try:  # read exactly like a --set value (1e-1 is a number, yes is a string)
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
+        except Exception as exc:
             raise ValueError(f"--check-set {item!r}: cannot read the value: {str(exc).splitlines()[0]}") from None
         params.setdefault(known(name, "--check-set"), {})[param] = parsed
     return {known(name, "--skip-check") for name in skip}, params
@@ -136,7 +140,9 @@ def run_checks(registry, context: AuditContext, log=lambda message: None, skip=f
         try:
             check = registry.create("audit_check", name, **params.get(name, {}))
         except Exception as exc:  # bad --check-set values are the user's to fix, always fatal
-            raise ValueError(str(exc)) from None
+            hint = ("; register the factory that returns check(context), not the check itself"
+                    if "context" in str(exc) and "missing" in str(exc) else "")
+            raise ValueError(f"{exc}{hint}") from None
         try:
             result = _result(name, component.plugin, check(context))
         except Exception as exc:
@@ -152,5 +158,5 @@ def run_checks(registry, context: AuditContext, log=lambda message: None, skip=f
         plot = result.pop("plot")
         if plot is not None:
             plots[name] = _png(plot)
-        results[name] = {**result, "description": component.description}
+        results[name] = {**result, "description": component.description, "params": params.get(name, {})}
     return results, plots

@@ -128,6 +128,8 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     plugins_dir = (ctx.find_root().obj or {}).get("plugins_dir")
     if plugins_dir:  # recorded in config.yaml, so the run says where its plugins came from
         config.plugins.dir = str(Path(plugins_dir).resolve())
+    elif config.plugins.dir is None and any(Path("plugins").glob("*.py")):  # the default ./plugins, made explicit
+        config.plugins.dir = str(Path("plugins").resolve())
     registry = load_registry(ctx, config)
     check_components(config, registry)
     if nproc > 1 and world == 1:

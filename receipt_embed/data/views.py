@@ -37,8 +37,10 @@ def to_tensor(image: np.ndarray, grayscale: bool) -> torch.Tensor:
 class ViewDataset(Dataset):
     """``dataset[(capture_index, seed)]`` -> (augmented view as a tensor, identity label)."""
 
-    def __init__(self, cache: ImageCache, transform, grayscale: bool, labels: list[int]):
+    def __init__(self, cache: ImageCache, transform, grayscale: bool, labels: list[int], image_size=None,
+                 source: str = "the augmentation"):
         self.cache, self.transform, self.grayscale, self.labels = cache, transform, grayscale, labels
+        self.image_size, self.source = (tuple(image_size) if image_size else None), source
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -46,15 +48,21 @@ class ViewDataset(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         index, seed = key
         self.transform.set_random_seed(seed)
-        return to_tensor(self.transform(image=self.cache[index])["image"], self.grayscale), self.labels[index]
+        view = self.transform(image=self.cache[index])["image"]
+        if self.image_size is not None:  # a preset that skips the resize or returns floats would train on the wrong input
+            if not isinstance(view, np.ndarray) or view.dtype != np.uint8 or view.shape[:2] != self.image_size:
+                got = f"{view.dtype} {view.shape}" if isinstance(view, np.ndarray) else type(view).__name__
+                raise ValueError(f"{self.source} returned a {got} view; views must be uint8 of "
+                                 f"{self.image_size[0]} x {self.image_size[1]} (data.image_size) x 3")
+        return to_tensor(view, self.grayscale), self.labels[index]
 
 
 class SeededBatches:
     """Wraps a sampler's batches of capture indices into batches of (index, view seed),
     starting at ``start_step`` (to resume mid-epoch)."""
 
-    def __init__(self, sampler, seed: int):
-        self.sampler, self.seed = sampler, seed
+    def __init__(self, sampler, seed: int, n_captures: int | None = None, source: str = "the sampler"):
+        self.sampler, self.seed, self.n_captures, self.source = sampler, seed, n_captures, source
         self.epoch, self.start_step = 0, 0
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
@@ -68,6 +76,11 @@ class SeededBatches:
         for step, batch in enumerate(self.sampler):
             if step < self.start_step:
                 continue
+            if self.n_captures is not None:
+                bad = [i for i in batch if not isinstance(i, (int, np.integer)) or not 0 <= i < self.n_captures]
+                if bad:
+                    raise ValueError(f"{self.source} yielded {bad[0]!r} in batch {step + 1} of epoch {self.epoch + 1}; "
+                                     f"indices must be integers in 0..{self.n_captures - 1} (the training captures)")
             yield [(int(index), view_seed(self.seed, self.epoch, step, slot)) for slot, index in enumerate(batch)]
 
 

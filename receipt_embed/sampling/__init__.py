@@ -17,5 +17,7 @@ def build_sampler(registry, name: str, labels: list[int], rows: list[dict], batc
     """Sampler ``name`` from the registry; ``rows`` (one manifest row per capture) are passed
     as ``metadata`` only to factories that ask for them, so older samplers keep working."""
     component = registry.get("sampler", name)
-    extra = {"metadata": [dict(row) for row in rows]} if wants_metadata(component.factory) else {}
-    return registry.create("sampler", name, identities=labels, batch_size=batch_size, seed=seed, **extra, **params)
+    framework = {"identities": labels, "batch_size": batch_size, "seed": seed}
+    if wants_metadata(component.factory):
+        framework["metadata"] = [dict(row) for row in rows]
+    return registry.create_with("sampler", name, framework, dict(params))

@@ -18,7 +18,7 @@ FORMAT_VERSION = 1
 # config sections that define the model's shape; a mismatch makes a checkpoint unusable
 ARCHITECTURE_KEYS = (
     ("model", "encoder"), ("model", "pooling"), ("model", "grid"), ("model", "head_hidden"),
-    ("model", "head_dim"), ("model", "input_norm"), ("data", "image_size"), ("data", "grayscale"),
+    ("model", "head_dim"), ("model", "input_norm"), ("model", "params"), ("data", "image_size"), ("data", "grayscale"),
 )
 
 
@@ -55,7 +55,8 @@ def load_checkpoint(path: str | Path) -> dict:
 
 
 def architecture(config: dict) -> dict:
-    return {".".join(key): config[key[0]][key[1]] for key in ARCHITECTURE_KEYS}
+    # model.params came later: a config without it had none
+    return {".".join(key): config[key[0]].get(key[1], {} if key[1] == "params" else None) for key in ARCHITECTURE_KEYS}
 
 
 def check_compatible(state: dict, config: dict, path: str | Path) -> None:

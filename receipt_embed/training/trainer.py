@@ -31,7 +31,7 @@ from receipt_embed.evaluation.diagnostics import embedding_diagnostics
 from receipt_embed.evaluation.retrieval import retrieval_metrics
 from receipt_embed.fileio import atomic_write_jsonl, read_jsonl
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
-from receipt_embed.registry import ComponentError
+from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
 from receipt_embed.training.checkpoint import CheckpointError, check_compatible, load_checkpoint, save_checkpoint
 
@@ -60,14 +60,9 @@ class TrainResult:
 
 def build_model(config: Config, registry) -> Embedder:
     """Encoder plugin + projection head, as the config describes them."""
-    encoder = registry.create(
-        "encoder",
-        config.model.encoder,
-        pretrained=config.model.pretrained,
-        in_channels=1 if config.data.grayscale else 3,
-        pooling=config.model.pooling,
-        grid=tuple(config.model.grid),
-    )
+    framework = {"pretrained": config.model.pretrained, "in_channels": 1 if config.data.grayscale else 3,
+                 "pooling": config.model.pooling, "grid": tuple(config.model.grid)}
+    encoder = registry.create_with("encoder", config.model.encoder, framework, dict(config.model.params))
     plugin = registry.get("encoder", config.model.encoder).plugin
     if not isinstance(encoder, torch.nn.Module) or not isinstance(getattr(encoder, "feature_dim", None), int):
         raise ComponentError(f"encoder {config.model.encoder!r} (from plugin {plugin!r}) built a {type(encoder).__name__} "
@@ -258,22 +253,31 @@ class Trainer:
         self.val_cache = ImageCache(self.val_set.paths, size, progress=progress)
 
         self.model = build_model(config, registry)
-        self.loss_fn = registry.create("loss", config.loss.name, temperature=config.loss.temperature, **config.loss.params)
+        self.loss_fn = registry.create_with("loss", config.loss.name, {"temperature": config.loss.temperature},
+                                            dict(config.loss.params))
+        if not isinstance(self.loss_fn, torch.nn.Module):
+            raise ComponentError(f"loss {config.loss.name!r} (from plugin {registry.get('loss', config.loss.name).plugin!r}) "
+                                 f"built a {type(self.loss_fn).__name__}, not a torch.nn.Module (see docs/plugins.md)")
         batch_size = min(train_cfg.batch_size, len(self.train_set.identities))
         if batch_size < train_cfg.batch_size:
             log(f"train.batch_size {train_cfg.batch_size} > {len(self.train_set.identities)} training identities; using {batch_size}")
         self.sampler = build_sampler(registry, config.sampler.name, self.train_set.labels, self.train_set.rows,
                                      batch_size, train_cfg.seed, config.sampler.params)
-        self.batches = SeededBatches(self.sampler, train_cfg.seed)
+        self.batches = SeededBatches(self.sampler, train_cfg.seed, len(self.train_set), f"sampler {config.sampler.name!r}")
         if self.ctx.distributed:
             if batch_size % self.ctx.world_size:
                 raise ValueError(f"train.batch_size {batch_size} does not split over {self.ctx.world_size} processes; "
                                  "use a multiple of the process count")
         _check_built(registry, "sampler", config.sampler.name, self.sampler, ("__len__", "__iter__", "set_epoch"))
-        transform = registry.create("augmentation", config.augment.preset, image_size=tuple(config.data.image_size), **config.augment.params)
+        transform = registry.create_with("augmentation", config.augment.preset,
+                                         {"image_size": tuple(config.data.image_size)}, dict(config.augment.params))
         _check_built(registry, "augmentation", config.augment.preset, transform, ("__call__", "set_random_seed"))
         _check_built(registry, "loss", config.loss.name, self.loss_fn, ("__call__",))
-        self.dataset = ViewDataset(self.train_cache, transform, config.data.grayscale, self.train_set.labels)
+        self.dataset = ViewDataset(self.train_cache, transform, config.data.grayscale, self.train_set.labels,
+                                   image_size=tuple(config.data.image_size), source=f"augmentation {config.augment.preset!r}")
+        with plugin_errors(registry, "augmentation", config.augment.preset, "making a test view"):
+            self.dataset[(0, 0)]  # a preset that breaks the view rules fails here, not in a loader worker
+        self._check_encoder_output()
         self.key_model = None
         if getattr(self.loss_fn, "wants_momentum_keys", False):
             from receipt_embed.losses.moco import make_momentum_encoder
@@ -294,6 +298,25 @@ class Trainer:
         self.best = None
         if self.state is not None:
             self._restore(self.state)
+
+    @torch.no_grad()
+    def _check_encoder_output(self) -> None:
+        """One forward of two blank images: an encoder whose output does not match its
+        feature_dim is named here, not in the head's matrix multiply mid-epoch."""
+        name = self.config.model.encoder
+        channels = 1 if self.config.data.grayscale else 3
+        was_training = self.model.encoder.training
+        self.model.encoder.eval()
+        with plugin_errors(self.registry, "encoder", name, "embedding two test images"):
+            out = self.model.encoder(torch.zeros(2, channels, *self.config.data.image_size))
+        self.model.encoder.train(was_training)
+        expected = (2, self.model.encoder.feature_dim)
+        if not torch.is_tensor(out) or tuple(out.shape) != expected:
+            got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
+            plugin = self.registry.get("encoder", name).plugin
+            raise ComponentError(f"encoder {name!r} (from plugin {plugin!r}) returned {got} for 2 images of "
+                                 f"{channels} x {self.config.data.image_size[0]} x {self.config.data.image_size[1]}; "
+                                 f"expected (N, feature_dim) = {expected}")
 
     def _restore(self, state: dict) -> None:
         check_compatible(state, self.config_dict, self.run_dir / LAST)
@@ -340,7 +363,7 @@ class Trainer:
     def _train_step(self, views: torch.Tensor, labels: torch.Tensor) -> float:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.config.train.precision == "bf16" else nullcontext()
         self.model.train()
-        with autocast:
+        with autocast, plugin_errors(self.registry, "encoder", self.config.model.encoder, "embedding a batch"):
             _, projections = self.forward_model(views)
         if self.ctx.distributed:
             from receipt_embed.distributed import global_loss
@@ -350,7 +373,8 @@ class Trainer:
             keys = None if self.key_model is None else self._momentum_keys(views, labels)
             loss = global_loss(self.loss_fn, projections.float(), labels, two_view=two_view, local_keys=keys)
         elif self.key_model is None:
-            loss = self.loss_fn(projections.float(), labels)
+            with plugin_errors(self.registry, "loss", self.config.loss.name, "computing the loss"):
+                loss = self.loss_fn(projections.float(), labels)
         else:
             loss = self.loss_fn(projections.float(), labels, keys=self._momentum_keys(views, labels))
         if not torch.is_tensor(loss) or loss.ndim != 0:
@@ -359,10 +383,13 @@ class Trainer:
             raise ComponentError(f"loss {self.config.loss.name!r} (from plugin {plugin!r}) returned {shape}, "
                                  "not a scalar tensor; reduce it (e.g. .mean()) inside the loss")
         if not torch.isfinite(loss):
+            last = self.run_dir / LAST
+            kept = (f"the last good checkpoint is {last}" if last.exists()
+                    else "no checkpoint was written yet (it diverged in the first epoch)")
             raise TrainingDiverged(
                 f"loss became {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1} "
-                f"(loss {self.config.loss.name}, temperature {self.config.loss.temperature}); "
-                f"the last good checkpoint is {self.run_dir / LAST}. Try a higher temperature or a lower train.lr."
+                f"(loss {self.config.loss.name}, temperature {self.config.loss.temperature}); {kept}. "
+                "Try a lower train.lr, or a higher loss.temperature for a temperature-scaled loss."
             )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -496,7 +523,7 @@ class Trainer:
         if not hook_implementations(self.registry, "on_epoch_end"):
             return
         self.model.eval()
-        call_hook(self.registry, "on_epoch_end", run_dir=self.run_dir,
+        call_hook(self.registry, "on_epoch_end", where=f"epoch {line['epoch']}", run_dir=self.run_dir,
                   epoch=line["epoch"], metrics=json.loads(json.dumps(line)), model=self.model, config=self.config)
 
     def _describe(self, line: dict) -> str:

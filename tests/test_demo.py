@@ -38,6 +38,9 @@ def test_demo_pipeline_wiring(cli, tmp_path):
     audit = json.loads((out / "audit" / "audit.json").read_text())
     assert audit["n_items"] == 18 and set(audit["shortcuts"]) == {"device", "merchant"}
     assert (out / "audit" / "audit.html").is_file()
+    # run from the repository root, the demo loads plugins/ like any command: the epoch hook
+    # wrote metrics.csv and the hubness check is in the audit
+    assert (out / "run" / "metrics.csv").is_file() and "hubness" in audit["checks"]
     again = cli("demo", "--out", out, "-q", cwd=REPO)
     assert again.returncode == 2 and "already holds a demo run" in again.stderr
 

@@ -99,7 +99,7 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
     from receipt_embed.audit.run import run_audit, summary
 
     click.echo(f"[4/4] audit-shortcuts {out / 'index'} for device (merchant as context) -> {out / 'audit'}")
-    figures = run_audit(out / "index", ["device"], out / "audit", context=("merchant",))
+    figures = run_audit(out / "index", ["device"], out / "audit", context=("merchant",), registry=registry)
     click.echo("\n".join(f"  {line}" for line in summary(figures).splitlines()))
     click.echo(f"  report: {out / 'audit' / 'audit.html'}")
     click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")

@@ -59,19 +59,27 @@ REGISTER_SIGNATURE = inspect.signature(_register_signature)
 FOLDER_PACKAGE = "receipt_embed_folder_plugins"
 
 
-def _folder_package(folder: Path):
-    """The package folder plugins are imported under, with ``folder`` on its path, so that a
-    plugin can import a helper module of its folder relatively (``from ._shared import x``)."""
+def _folder_package(folder: Path) -> str:
+    """The package a folder's plugins are imported under: one per folder, with the folder as
+    its path, so a plugin imports a helper of *its* folder relatively (``from ._shared import
+    x``) even when two folders both have a ``_shared.py``. Returns the package name."""
+    import hashlib
+    import re
     import types
 
-    package = sys.modules.get(FOLDER_PACKAGE)
-    if package is None:
-        package = types.ModuleType(FOLDER_PACKAGE, "folder plugins of receipt-embed")
-        package.__path__ = []
-        sys.modules[FOLDER_PACKAGE] = package
-    if str(folder) not in package.__path__:
-        package.__path__.append(str(folder))
-    return package
+    root = sys.modules.get(FOLDER_PACKAGE)
+    if root is None:
+        root = types.ModuleType(FOLDER_PACKAGE, "folder plugins of receipt-embed")
+        root.__path__ = []
+        sys.modules[FOLDER_PACKAGE] = root
+    folder = Path(folder).resolve()
+    tag = re.sub(r"\W", "_", folder.name) or "root"
+    name = f"{FOLDER_PACKAGE}.{tag}_{hashlib.sha1(str(folder).encode()).hexdigest()[:8]}"
+    if name not in sys.modules:
+        package = types.ModuleType(name, f"plugins in {folder}")
+        package.__path__ = [str(folder)]
+        sys.modules[name] = package
+    return name
 
 
 class PluginLoader:
@@ -170,6 +178,8 @@ class PluginLoader:
     def load_folder(self, folder: Path, required: bool = False) -> None:
         """Load ``folder/*.py``; a missing folder is fine unless the user named it."""
         if not folder.is_dir():
+            if required and self.strict:  # a tracker plugin missing silently is what strict exists to prevent
+                raise PluginLoadError(f"plugins folder {folder} does not exist (--strict-plugins)")
             if required:
                 warnings.warn(f"plugins folder {folder} does not exist; no folder plugins loaded", PluginLoadWarning, stacklevel=2)
             return
@@ -177,8 +187,7 @@ class PluginLoader:
             name = path.stem
             if name.startswith("_") or self._blocked(name):
                 continue
-            _folder_package(folder.resolve())
-            module_name = f"{FOLDER_PACKAGE}.{name}"
+            module_name = f"{_folder_package(folder)}.{name}"
             try:
                 spec = importlib.util.spec_from_file_location(module_name, path)
                 module = importlib.util.module_from_spec(spec)

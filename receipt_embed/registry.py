@@ -32,6 +32,10 @@ FRAMEWORK_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "sampler": ("identities", "batch_size", "seed", "metadata"),
     "audit_check": (),
 }
+# the config key a user sets instead of each framework argument, for messages
+FRAMEWORK_KEYS = {"temperature": "loss.temperature", "image_size": "data.image_size", "batch_size": "train.batch_size",
+                  "seed": "train.seed", "in_channels": "data.grayscale", "pretrained": "model.pretrained",
+                  "pooling": "model.pooling", "grid": "model.grid", "identities": "the dataset", "metadata": "the manifest"}
 # where the user sets each kind's params, for messages
 PARAMS_KEY = {"loss": "loss.params", "encoder": "model.params", "augmentation": "augment.params",
               "sampler": "sampler.params", "audit_check": "--check-set"}
@@ -184,9 +188,10 @@ class Registry:
         a param that would override one of ours is an error saying which key to set instead."""
         clash = sorted(set(params) & (set(framework) | set(FRAMEWORK_ARGUMENTS.get(kind, ()))))
         if clash:
+            instead = "; ".join(f"{key} comes from {FRAMEWORK_KEYS[key]}" for key in clash if key in FRAMEWORK_KEYS)
             raise ComponentError(f"{PARAMS_KEY.get(kind, 'params')} sets {', '.join(map(repr, clash))}, which receipt-embed "
                                  f"passes to {kind} {name!r} itself; remove it from {PARAMS_KEY.get(kind, 'params')}"
-                                 + (" (set loss.temperature instead)" if "temperature" in clash else ""))
+                                 + (f" ({instead})" if instead else ""))
         return self.create(kind, name, **framework, **params)
 
     def is_builtin(self, kind: str, name: str) -> bool:

@@ -166,11 +166,10 @@ def load_plugin(path):
     import sys
     from pathlib import Path
 
-    from receipt_embed.plugin_manager import FOLDER_PACKAGE, _folder_package
+    from receipt_embed.plugin_manager import _folder_package
 
     path = Path(path).resolve()
-    _folder_package(path.parent)
-    name = f"{FOLDER_PACKAGE}.{path.stem}"
+    name = f"{_folder_package(path.parent)}.{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -86,7 +86,7 @@ def test_on_epoch_end_sees_each_epoch_after_its_checkpoint(tmp_path, dataset):
     assert [c["metrics"] for c in calls] == logged  # the same line metrics.jsonl received
     assert all(c["last_saved"] and not c["training"] and c["loss"] == "ntxent" for c in calls)
     assert calls[0]["run_dir"] == str(run)
-    assert sys.modules["receipt_embed_folder_plugins.only_epoch"].CALLS == [1, 2]
+    assert registry.plugin_manager.get_plugin("only_epoch").CALLS == [1, 2]
     # the failing tracker did not stop training
     assert result.best_epoch is not None and (run / "checkpoints" / "best.pt").exists()
 
@@ -143,6 +143,7 @@ from receipt_embed.hookspecs import hookimpl
 @hookimpl
 def register_audit_checks(register):
     register("malformed", lambda: (lambda context: [1, 2, 3]))
+    register("check_itself", lambda context: {"figures": {}})  # the check registered instead of its factory
 '''
 
 
@@ -167,7 +168,7 @@ def test_audit_check_reads_exact_neighbours_and_lands_in_the_report(tmp_path):
     registry = _registry(tmp_path / "plugins", neighbour_check=NEIGHBOUR_CHECK)
     index, x, labels = _index(tmp_path)
     figures = run_audit(index, ["device"], tmp_path / "report", k=5, gallery=0, registry=registry)
-    seen = sys.modules["receipt_embed_folder_plugins.neighbour_check"].SEEN
+    seen = registry.plugin_manager.get_plugin("neighbour_check").SEEN
 
     # the context's neighbours are the exact top 3 other items by inner product of the stored vectors
     xn = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -207,8 +208,10 @@ def test_flagged_check_fails_the_ci_gate_and_a_malformed_one_is_reported(cli, tm
     assert "CHECK top1 (neighbour_check): top-1 neighbour is the same receipt" in result.stdout
     assert "audit check 'malformed' (plugin 'malformed_check') failed" in result.stderr
     assert "returned list, not a dict with a 'figures' dict" in result.stderr
+    assert "register the factory that returns check(context), not the check itself" in result.stderr
     saved = json.loads((tmp_path / "r" / "audit.json").read_text())
     assert saved["checks"]["malformed"]["error"].startswith("returned list")
+    assert "missing 1 required positional argument: 'context'" in saved["checks"]["check_itself"]["error"]
     assert saved["flagged_checks"] == ["top1"] and saved["flagged"] == []
     # the same gate without the plugins folder passes: the flag came from the check
     clean = cli("--plugins-dir", tmp_path / "none", "audit-shortcuts", index, "--out", tmp_path / "r2",
@@ -239,8 +242,10 @@ def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
     assert strict.returncode == 1 and "CHECK hubness (hubness): k-occurrence skewness" in strict.stdout
     skipped = audit("--skip-check", "hubness", out="c")
     assert "hubness" not in json.loads((tmp_path / "c" / "audit.json").read_text())["checks"]
-    typo = audit("--skip-check", "hubnes", out="d")
-    assert typo.returncode == 2 and "--skip-check: no audit check 'hubnes' (did you mean 'hubness'?)" in typo.stderr
+    typo = audit("--skip-check", "hubnes", out="d")  # not installed here: skipped already, so only a warning
+    assert typo.returncode == 0 and "--skip-check 'hubnes': no such audit check here; checks: hubness" in typo.stderr
+    typo = audit("--check-set", "hubnes.min_items=3", out="d2")
+    assert typo.returncode == 2 and "--check-set: no audit check 'hubnes' (did you mean 'hubness'?)" in typo.stderr
     bad_param = audit("--check-set", "hubness.max_skew=3", out="e")
     assert bad_param.returncode == 2
     assert "its --check-set may set max_skewness, min_items (did you mean 'max_skewness' for 'max_skew'?)" in bad_param.stderr

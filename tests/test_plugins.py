@@ -473,6 +473,16 @@ def test_folder_plugins_share_helpers_through_relative_imports(tmp_path):
     registry = _loaded(tmp_path)
     assert registry.create("loss", "scaled") == 3.0
     assert "_shared" not in registry.plugins  # helpers are not plugins
+    # another folder with its own _shared.py: each plugin sees its own folder's helper
+    _write(tmp_path / "other", "_shared.py", "SCALE = 7.0\n")
+    _write(tmp_path / "other", "uses_other.py", '''
+        from ._shared import SCALE
+    ''')
+    from receipt_embed.testing import load_plugin
+
+    assert load_plugin(tmp_path / "uses_helper.py").SCALE == 3.0
+    assert load_plugin(tmp_path / "other" / "uses_other.py").SCALE == 7.0
+    assert load_plugin(tmp_path / "uses_helper.py").SCALE == 3.0
 
 
 def test_bad_parameters_and_factory_bugs_name_the_component(tmp_path):
@@ -576,7 +586,7 @@ def register_samplers(register):
     ("sampler.name=no_epochs", r"sampler 'no_epochs' \(from plugin 'broken_components'\) built a NoEpochs without set_epoch"),
     ("augment.preset=plain_function", r"augmentation 'plain_function' \(from plugin 'broken_components'\) built a function "
                                       r"without set_random_seed"),
-    ("model.encoder=no_feature_dim", r"encoder 'no_feature_dim' \(from plugin 'broken_components'\) built a NoFeatureDim "
+    ("model.encoder=no_feature_dim", r"encoder 'no_feature_dim' \(from plugin 'broken_components'\) built an object of type NoFeatureDim "
                                      r"that is not a torch.nn.Module with an integer feature_dim"),
     ("loss.name=one_argument", r"loss 'one_argument' \(from plugin 'broken_components'\) failed while computing the loss: "
                                r"TypeError: .*forward\(\) takes 2 positional arguments but 3 were given at .*torch"),
@@ -586,10 +596,10 @@ def register_samplers(register):
                                 r"of 1 x 64 x 32; expected \(N, feature_dim\) = \(2, 32\)"),
     ("augment.preset=no_resize", r"augmentation 'no_resize' returned a uint8 \(\d+, \d+, 3\) view; views must be uint8 of "
                                  r"64 x 32 \(data.image_size\) x 3"),
-    ("sampler.name=out_of_range", r"sampler 'out_of_range' yielded 1000000 in batch 1 of epoch 1; indices must be integers "
+    ("sampler.name=out_of_range", r"sampler 'out_of_range' \(from plugin 'broken_components'\) yielded 1000000 in batch 1 of epoch 1; indices must be integers "
                                   r"in 0..143"),
     ("loss.params={temperature: 0.5}", r"loss.params sets 'temperature', which receipt-embed passes to loss 'ntxent' itself; "
-                                       r"remove it from loss.params \(set loss.temperature instead\)"),
+                                       r"remove it from loss.params \(temperature comes from loss.temperature\)"),
 ])
 def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, message):
     from conftest import TINY_TRAINING
@@ -700,3 +710,9 @@ def test_plugins_dir_given_on_the_command_line_is_recorded_in_the_run(cli, tmp_p
     broken = cli("--plugins-dir", "broken", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run2", "-q",
                  *sets[:-2], "--set", "loss.name=vector_loss", cwd=tmp_path)
     assert broken.returncode == 2 and "not a scalar tensor" in broken.stderr and "Traceback" not in broken.stderr
+
+
+def test_strict_plugins_refuses_a_missing_plugins_folder(cli, tmp_path):
+    result = cli("--strict-plugins", "--plugins-dir", tmp_path / "typo", "plugins", cwd=tmp_path)
+    assert result.returncode == 2 and f"plugins folder {tmp_path / 'typo'} does not exist (--strict-plugins)" in result.stderr
+    assert cli("--plugins-dir", tmp_path / "typo", "plugins", cwd=tmp_path).returncode == 0  # a warning otherwise

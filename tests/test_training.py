@@ -124,10 +124,11 @@ def test_sigterm_saves_and_resume_finishes_identically(dataset, tmp_path):
     assert "SIGTERM received: saved" in stderr and "Traceback" not in stderr
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     assert (state["epoch"], state["step"]) < (8, 0)
-    # the run's config.yaml is reused: no --set needs repeating
-    resumed = subprocess.run([sys.executable, "-m", "receipt_embed", "train", "--data", str(dataset), "--out", str(run),
-                              "-q", "--resume"], env=_env(), capture_output=True, text=True)
+    # the run's config.yaml and its dataset (data.json) are reused: no --set, no --data needed
+    resumed = subprocess.run([sys.executable, "-m", "receipt_embed", "train", "--out", str(run), "-q", "--resume"],
+                             env=_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
+    assert "ingesting" not in resumed.stderr and json.loads((run / "data.json").read_text())["data_dir"] == str(dataset)
     assert _metrics(run) == _metrics(straight)
     # a --set that changes the run is still refused, naming the key
     changed = subprocess.run(_train_cmd(dataset, run, "train.epochs=9", "train.lr=0.5") + ["--resume"], env=_env(),
@@ -254,3 +255,14 @@ def test_schedule_replans_when_resumed_with_more_epochs():
     resumed, _ = lrs(4, state, steps=20)
     assert resumed[-1] == pytest.approx(0.0, abs=1e-12)
     assert all(b <= a + 1e-12 for a, b in zip(resumed, resumed[1:]))  # no climbing back up
+
+
+def test_resume_refuses_another_dataset(dataset, tmp_path):
+    config = load_config(overrides=[*TINY, "train.epochs=1"])
+    train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
+    other = tmp_path / "other"
+    ingest(REPO / "data_samples", other, load_config(overrides=["ingest.seed=7"]).ingest)
+    with pytest.raises(CheckpointError, match=rf"cannot resume .* the run was trained on {dataset}, whose manifest "
+                                              rf"differs; resume with --data {dataset}"):
+        train(load_config(overrides=[*TINY, "train.epochs=2"]), other, tmp_path / "run", builtin_registry(), resume=True,
+              progress=False, log=lambda m: None)

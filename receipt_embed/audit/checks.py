@@ -105,6 +105,12 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
             raise ValueError(f"{option}: no audit check {name!r}{hint}; checks: {', '.join(names) or '(none registered)'}")
         return name
 
+    skipped = set()
+    for name in skip:  # a check that is not installed here is already skipped: a warning, so shared CI scripts work
+        if name in names:
+            skipped.add(name)
+        else:
+            warnings.warn(f"--skip-check {name!r}: no such audit check here; checks: {', '.join(names) or '(none)'}")
     params: dict[str, dict] = {}
     for item in settings:
         key, sep, value = item.partition("=")
@@ -116,7 +122,17 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
         except Exception as exc:
             raise ValueError(f"--check-set {item!r}: cannot read the value: {str(exc).splitlines()[0]}") from None
         params.setdefault(known(name, "--check-set"), {})[param] = parsed
-    return {known(name, "--skip-check") for name in skip}, params
+    return skipped, params
+
+
+class _FailedFactory:
+    """Stands in for a check whose factory raised, so it is reported like a failing check."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __call__(self, context):
+        raise self.error
 
 
 def run_checks(registry, context: AuditContext, log=lambda message: None, skip=frozenset(),
@@ -139,10 +155,12 @@ def run_checks(registry, context: AuditContext, log=lambda message: None, skip=f
         log(f"audit check {name} ({component.plugin})")
         try:
             check = registry.create("audit_check", name, **params.get(name, {}))
-        except Exception as exc:  # bad --check-set values are the user's to fix, always fatal
+        except Exception as exc:
             hint = ("; register the factory that returns check(context), not the check itself"
                     if "context" in str(exc) and "missing" in str(exc) else "")
-            raise ValueError(f"{exc}{hint}") from None
+            if params.get(name):  # the user's --check-set values: theirs to fix, always fatal
+                raise ValueError(f"{exc}{hint}") from None
+            check = _FailedFactory(AuditCheckError(f"{exc}{hint}"))  # a plugin bug: reported like a failing check
         try:
             result = _result(name, component.plugin, check(context))
         except Exception as exc:

@@ -141,6 +141,12 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     progress = not quiet and sys.stderr.isatty()
     log = lambda message: click.echo(message, err=True)  # noqa: E731
     out = Path(out_dir)
+    if resume and data_dir is None:
+        from receipt_embed.training.trainer import recorded_data_dir
+
+        data_dir = recorded_data_dir(out)  # the run's own dataset, not the bundled samples
+        if data_dir is None and (out / "config.yaml").is_file():
+            raise InputError(f"{out} does not record its dataset (an older run): resume with --data DATASET_DIR")
     try:
         data = ensure_dataset(data_dir, out, config, progress, log)
         if sweep is not None:

@@ -29,7 +29,7 @@ from receipt_embed.data.dataset_dir import Captures, load_dataset_dir, select_sp
 from receipt_embed.data.views import SeededBatches, ViewDataset, clean_batches
 from receipt_embed.evaluation.diagnostics import embedding_diagnostics
 from receipt_embed.evaluation.retrieval import retrieval_metrics
-from receipt_embed.fileio import atomic_write_jsonl, read_jsonl
+from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
 from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
@@ -37,6 +37,7 @@ from receipt_embed.training.checkpoint import CheckpointError, check_compatible,
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
+DATA_FILE = "data.json"  # the dataset dir a run trains on, and its manifest's sha256
 LAST, BEST = "checkpoints/last.pt", "checkpoints/best.pt"
 # config keys that may change when resuming (everything else must match the checkpoint)
 RESUMABLE_CHANGES = {"train.epochs", "train.num_workers", "plugins.dir", "plugins.strict"}
@@ -65,11 +66,38 @@ def build_model(config: Config, registry) -> Embedder:
     encoder = registry.create_with("encoder", config.model.encoder, framework, dict(config.model.params))
     plugin = registry.get("encoder", config.model.encoder).plugin
     if not isinstance(encoder, torch.nn.Module) or not isinstance(getattr(encoder, "feature_dim", None), int):
-        raise ComponentError(f"encoder {config.model.encoder!r} (from plugin {plugin!r}) built a {type(encoder).__name__} "
-                             "that is not a torch.nn.Module with an integer feature_dim (see docs/plugins.md)")
+        raise ComponentError(f"encoder {config.model.encoder!r} (from plugin {plugin!r}) built an object of type "
+                             f"{type(encoder).__name__} that is not a torch.nn.Module with an integer feature_dim "
+                             "(see docs/plugins.md)")
     model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
     set_batchnorm_momentum(model, config.model.bn_momentum)
     return model
+
+
+def dataset_record(data_dir) -> dict:
+    """Where a run's data lives and what it was, so --resume can find it and refuse another."""
+    from receipt_embed.data.dataset_dir import MANIFEST_FILE
+    from receipt_embed.indexing.index_dir import sha256_file
+
+    manifest = Path(data_dir) / MANIFEST_FILE
+    return {"data_dir": str(Path(data_dir).resolve()),
+            "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None}
+
+
+def recorded_data_dir(run_dir) -> str | None:
+    """The dataset dir a run was started on (None for a run without data.json)."""
+    path = Path(run_dir) / DATA_FILE
+    return json.loads(path.read_text())["data_dir"] if path.is_file() else None
+
+
+def check_same_dataset(run_dir, record: dict) -> None:
+    path = Path(run_dir) / DATA_FILE
+    if not path.is_file():
+        return
+    saved = json.loads(path.read_text())
+    if saved.get("manifest_sha256") and record["manifest_sha256"] != saved["manifest_sha256"]:
+        raise CheckpointError(f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
+                              f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}")
 
 
 def _check_built(registry, kind: str, name: str, built, needs: tuple[str, ...]) -> None:
@@ -243,6 +271,9 @@ class Trainer:
         if train_cfg.deterministic:
             torch.use_deterministic_algorithms(True)
 
+        self.data_record = dataset_record(data_dir)
+        if resume:
+            check_same_dataset(self.run_dir, self.data_record)
         rows = load_dataset_dir(data_dir)
         self.train_set = select_split(rows, "train")
         self.val_set = select_split(rows, "val")
@@ -263,7 +294,8 @@ class Trainer:
             log(f"train.batch_size {train_cfg.batch_size} > {len(self.train_set.identities)} training identities; using {batch_size}")
         self.sampler = build_sampler(registry, config.sampler.name, self.train_set.labels, self.train_set.rows,
                                      batch_size, train_cfg.seed, config.sampler.params)
-        self.batches = SeededBatches(self.sampler, train_cfg.seed, len(self.train_set), f"sampler {config.sampler.name!r}")
+        self.batches = SeededBatches(self.sampler, train_cfg.seed, len(self.train_set),
+                                     f"sampler {config.sampler.name!r} (from plugin {registry.get('sampler', config.sampler.name).plugin!r})")
         if self.ctx.distributed:
             if batch_size % self.ctx.world_size:
                 raise ValueError(f"train.batch_size {batch_size} does not split over {self.ctx.world_size} processes; "
@@ -416,6 +448,8 @@ class Trainer:
         if self.ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.config, self.run_dir / CONFIG_FILE)
+            if not (self.run_dir / DATA_FILE).exists():
+                atomic_write_json(self.run_dir / DATA_FILE, self.data_record)
         result = TrainResult(self.run_dir)
         epochs = self.config.train.epochs
         loader = self._make_loader()
@@ -523,7 +557,7 @@ class Trainer:
         if not hook_implementations(self.registry, "on_epoch_end"):
             return
         self.model.eval()
-        call_hook(self.registry, "on_epoch_end", where=f"epoch {line['epoch']}", run_dir=self.run_dir,
+        call_hook(self.registry, "on_epoch_end", where=f"epoch {line['epoch']}", run_dir=self.run_dir.resolve(),
                   epoch=line["epoch"], metrics=json.loads(json.dumps(line)), model=self.model, config=self.config)
 
     def _describe(self, line: dict) -> str:

@@ -47,3 +47,10 @@ def test_plugin_discovery_does_not_import_torch():
 def test_unknown_command(cli):
     result = cli("trian")
     assert result.returncode == 2 and "No such command 'trian'" in result.stderr
+
+
+def test_global_option_after_the_command_says_where_it_goes(cli, tmp_path):
+    result = cli("plugins", "--plugins-dir", "x", cwd=tmp_path)
+    assert result.returncode == 2
+    assert ("--plugins-dir is an option of receipt-embed itself: put it before the command, "
+            "e.g. receipt-embed --plugins-dir DIR plugins ...") in result.stderr

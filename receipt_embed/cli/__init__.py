@@ -47,6 +47,16 @@ class LazyGroup(click.Group):
         module_name, attr = target.split(":")
         return getattr(importlib.import_module(module_name), attr)
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.NoSuchOption as exc:  # a global option given after the command
+            if exc.option_name in ("--plugins-dir", "--strict-plugins"):
+                exc.message += (f" {exc.option_name} is an option of receipt-embed itself: put it before the command, "
+                                f"e.g. receipt-embed {exc.option_name}{' DIR' if exc.option_name == '--plugins-dir' else ''} "
+                                f"{ctx.invoked_subcommand or 'COMMAND'} ...")
+            raise
+
     def format_commands(self, ctx, formatter):
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):

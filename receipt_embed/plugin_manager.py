@@ -95,7 +95,7 @@ class PluginLoader:
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
-        detail = (str(exc) if type(exc).__module__.startswith("receipt_embed")  # our own messages read whole
+        detail = (str(exc) if type(exc).__module__.split(".")[0] == "receipt_embed"  # our own messages read whole
                   else "".join(traceback.format_exception_only(type(exc), exc)).strip())
         self.registry.failures[name] = detail
         if self.strict:
@@ -125,7 +125,8 @@ class PluginLoader:
                 raise ValueError(f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}")
             if marked and attr in specs:
                 allowed = list(inspect.signature(getattr(hookspecs, attr)).parameters)
-                wrong = [a for a in inspect.signature(value).parameters if a not in allowed]
+                wrong = [a for a, p in inspect.signature(value).parameters.items() if a not in allowed
+                         and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
                 if wrong:
                     raise ValueError(f"{attr}() takes arguments named {', '.join(wrong)}; the hook offers "
                                      f"{', '.join(allowed)} (use those names, any subset)")
@@ -244,7 +245,9 @@ def hook_implementations(registry: Registry, hook_name: str) -> list:
     pm = registry.plugin_manager
     if pm is None:
         return []
-    return [impl for impl in getattr(pm.hook, hook_name).get_hookimpls() if impl.plugin_name not in registry.failures]
+    # pluggy calls the last registered first (tryfirst/trylast adjust that); keep its order
+    return [impl for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls())
+            if impl.plugin_name not in registry.failures]
 
 
 def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> dict[str, object]:

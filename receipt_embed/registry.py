@@ -88,6 +88,10 @@ def _parameter_hint(factory, params: dict, kind: str) -> str:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return ""
     reserved = FRAMEWORK_ARGUMENTS.get(kind, ())
+    missing = [key for key in params if key in reserved and key not in parameters]
+    if missing:
+        return (f"; receipt-embed passes {', '.join(map(repr, missing))} to every {kind} factory, so the factory must "
+                "accept it (see docs/plugins.md)")
     accepted = [n for n, p in parameters.items()
                 if p.kind is not inspect.Parameter.VAR_POSITIONAL and n not in reserved]
     unknown = [key for key in params if key not in parameters]

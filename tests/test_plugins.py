@@ -716,3 +716,54 @@ def test_strict_plugins_refuses_a_missing_plugins_folder(cli, tmp_path):
     result = cli("--strict-plugins", "--plugins-dir", tmp_path / "typo", "plugins", cwd=tmp_path)
     assert result.returncode == 2 and f"plugins folder {tmp_path / 'typo'} does not exist (--strict-plugins)" in result.stderr
     assert cli("--plugins-dir", tmp_path / "typo", "plugins", cwd=tmp_path).returncode == 0  # a warning otherwise
+
+
+def test_call_hooks_keep_pluggy_order_and_accept_kwargs(tmp_path):
+    from receipt_embed.plugin_manager import call_hook
+
+    for name, opts in (("a_first", "tryfirst=True"), ("b_plain", ""), ("c_last", "trylast=True")):
+        _write(tmp_path, f"{name}.py", f'''
+            from receipt_embed.hookspecs import hookimpl
+            ORDER = []
+
+            @hookimpl({opts})
+            def on_epoch_end(epoch, **rest):
+                import sys
+                sys.modules["{name}_order"] = ORDER
+                return "{name}"
+        ''')
+    registry = _loaded(tmp_path)
+    results = call_hook(registry, "on_epoch_end", run_dir=tmp_path, epoch=1, metrics={}, model=None, config=None)
+    assert list(results) == ["a_first", "b_plain", "c_last"]
+    assert list(registry.plugin_manager.hook.on_epoch_end(run_dir=tmp_path, epoch=1, metrics={}, model=None,
+                                                          config=None)) == ["a_first", "b_plain", "c_last"]
+
+
+def test_resume_does_not_load_plugins_from_the_run_dir(cli, tmp_path):
+    from conftest import TINY_TRAINING
+
+    _write(tmp_path / "mine", "flip.py", '''
+        from receipt_embed.hookspecs import hookimpl
+
+        def build(image_size):
+            import albumentations as A
+            return A.Compose([A.Resize(*image_size)])
+
+        @hookimpl
+        def register_augmentations(register):
+            register("flip", build)
+    ''')
+    sets = [arg for item in [*TINY_TRAINING, "augment.preset=flip"] for arg in ("--set", item)]
+    assert cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", cwd=tmp_path).returncode == 0
+    first = cli("--plugins-dir", "mine", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", *sets,
+                cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "elsewhere").mkdir()
+    resumed = cli("train", "--out", tmp_path / "run", "--resume", "--set", "train.epochs=2", cwd=tmp_path / "elsewhere")
+    assert resumed.returncode == 2
+    assert (f"The run was trained with plugins from {tmp_path / 'mine'}: resume with `receipt-embed --plugins-dir "
+            f"{tmp_path / 'mine'} train --out") in resumed.stderr
+    again = cli("--plugins-dir", tmp_path / "mine", "train", "--out", tmp_path / "run", "--resume", "-q",
+                "--set", "train.epochs=2", cwd=tmp_path / "elsewhere")
+    assert again.returncode == 0, again.stderr
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2

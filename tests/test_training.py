@@ -266,3 +266,20 @@ def test_resume_refuses_another_dataset(dataset, tmp_path):
                                               rf"differs; resume with --data {dataset}"):
         train(load_config(overrides=[*TINY, "train.epochs=2"]), other, tmp_path / "run", builtin_registry(), resume=True,
               progress=False, log=lambda m: None)
+
+
+def test_fresh_run_rewrites_data_json_and_a_missing_dataset_is_named(dataset, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    (run).mkdir()
+    (run / "data.json").write_text('{"data_dir": "/somewhere/else", "manifest_sha256": "0"}')  # leftovers, no checkpoint
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    train(load_config(overrides=[*TINY, "train.epochs=1"]), copy, run, builtin_registry(), progress=False,
+          log=lambda m: None)
+    assert json.loads((run / "data.json").read_text())["data_dir"] == str(copy)
+    shutil.rmtree(copy)
+    with pytest.raises(CheckpointError, match=rf"{copy} holds no manifest.jsonl \(moved or deleted\?\)"):
+        train(load_config(overrides=[*TINY, "train.epochs=2"]), copy, run, builtin_registry(), resume=True,
+              progress=False, log=lambda m: None)

@@ -88,7 +88,10 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
     x = index_dir.embeddings
     receipt_ids = np.array([str(item["receipt_id"]) for item in index_dir.items])
     labels = np.unique(receipt_ids, return_inverse=True)[1]
-    check_context = AuditContext(x, index_dir.items, labels, attributes, figures["k"], index_dir.path)
+    shared = x.view()
+    shared.setflags(write=False)  # checks read the audited vectors; they cannot change the rest of the report
+    check_context = AuditContext(shared, [dict(item) for item in index_dir.items], labels.copy(), list(attributes),
+                                 figures["k"], index_dir.path)
     figures["checks"], check_plots = run_checks(registry, check_context, log=log, skip=skip_checks,
                                                 params=check_params)
     figures["flagged_checks"] = [name for name, result in figures["checks"].items() if result["flagged"]]

@@ -21,6 +21,15 @@ def find_samples() -> Path | None:
     return None
 
 
+def _plugin_failures() -> tuple[type, ...]:
+    """What a plugin can raise through the demo under --strict-plugins or a broken contract."""
+    from receipt_embed.audit.checks import AuditCheckError
+    from receipt_embed.plugin_manager import PluginLoadError
+    from receipt_embed.registry import ComponentError
+
+    return (AuditCheckError, PluginLoadError, ComponentError)
+
+
 def heldout_retrieval(checkpoint: Path, dataset: Path, registry) -> dict:
     """Leave-one-out retrieval on the held-out split with both feature kinds."""
     from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
@@ -55,6 +64,7 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
     from receipt_embed.ingest import ingest
     from receipt_embed.training.trainer import train
 
+    PLUGIN_FAILURES = _plugin_failures()  # noqa: N806
     config = resolve_config([str(DEMO_CONFIG), *([config_file] if config_file else [])], overrides)
     registry = load_registry(ctx, config)
     check_components(config, registry)
@@ -77,8 +87,11 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
 
     click.echo(f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
                f"{config.train.epochs} epochs -> {out / 'run'}")
-    trained = train(config, out / "dataset", out / "run", registry, progress=progress,
-                    log=(lambda message: None) if quiet else (lambda message: click.echo(f"  {message}")))
+    try:
+        trained = train(config, out / "dataset", out / "run", registry, progress=progress,
+                        log=(lambda message: None) if quiet else (lambda message: click.echo(f"  {message}")))
+    except PLUGIN_FAILURES as exc:
+        raise InputError(str(exc)) from None
     click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
 
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
@@ -99,7 +112,10 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
     from receipt_embed.audit.run import run_audit, summary
 
     click.echo(f"[4/4] audit-shortcuts {out / 'index'} for device (merchant as context) -> {out / 'audit'}")
-    figures = run_audit(out / "index", ["device"], out / "audit", context=("merchant",), registry=registry)
+    try:
+        figures = run_audit(out / "index", ["device"], out / "audit", context=("merchant",), registry=registry)
+    except PLUGIN_FAILURES as exc:
+        raise InputError(str(exc)) from None
     click.echo("\n".join(f"  {line}" for line in summary(figures).splitlines()))
     click.echo(f"  report: {out / 'audit' / 'audit.html'}")
     click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")

@@ -86,6 +86,16 @@ def launch_torchrun(nproc: int) -> int:
     return 130 if received else code
 
 
+def worker_message(exc: Exception) -> str:
+    """An error re-raised from a DataLoader worker carries the worker's traceback in its
+    message; the user needs its last line."""
+    text = str(exc)
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        last = text.strip().splitlines()[-1]
+        return last.split(": ", 1)[1] if ": " in last else last
+    return text
+
+
 @click.command()
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Dataset dir from `ingest` [data_samples/, ingested on the fly].")
@@ -109,6 +119,16 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if resume and data_dir is None:
+        from receipt_embed.training.checkpoint import CheckpointError
+        from receipt_embed.training.trainer import recorded_data_dir
+
+        try:
+            data_dir = recorded_data_dir(out_dir)  # the run's own dataset, not the bundled samples
+        except CheckpointError as exc:
+            raise InputError(str(exc)) from None
+        if data_dir is None and (Path(out_dir) / "config.yaml").is_file():
+            raise InputError(f"{out_dir} does not record its dataset (an older run): resume with --data DATASET_DIR")
     if nproc > 1 or world > 1:
         if data_dir is None:
             raise InputError("distributed training needs --data DATASET_DIR (run `receipt-embed ingest` first)")
@@ -122,16 +142,30 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     from receipt_embed.training.trainer import train as run_training
 
     saved = Path(out_dir) / "config.yaml"
-    if resume and config_file is None and saved.is_file():
+    from_run_dir = resume and config_file is None and saved.is_file()
+    if from_run_dir:
         config_file = str(saved)  # the run's own settings; --set still applies on top
     config = resolve_config(config_file, overrides)
+    recorded = config.plugins.dir if from_run_dir else None
+    if from_run_dir:
+        # never import code from a folder a run dir names: only --plugins-dir or ./plugins
+        config.plugins.dir = None
     plugins_dir = (ctx.find_root().obj or {}).get("plugins_dir")
     if plugins_dir:  # recorded in config.yaml, so the run says where its plugins came from
         config.plugins.dir = str(Path(plugins_dir).resolve())
     elif config.plugins.dir is None and any(Path("plugins").glob("*.py")):  # the default ./plugins, made explicit
         config.plugins.dir = str(Path("plugins").resolve())
     registry = load_registry(ctx, config)
-    check_components(config, registry)
+    try:
+        check_components(config, registry)
+    except InputError as exc:
+        if recorded and recorded != config.plugins.dir:
+            raise InputError(f"{exc.message} The run was trained with plugins from {recorded}: resume with "
+                             f"`receipt-embed --plugins-dir {recorded} train --out {out_dir} --resume` (plugins are "
+                             "never loaded from a folder a run dir names).") from None
+        raise
+    if config.plugins.dir is None:
+        config.plugins.dir = recorded  # keep the record for the next resume
     if nproc > 1 and world == 1:
         try:
             preflight(config, data_dir, Path(out_dir), resume, nproc)
@@ -141,12 +175,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
     progress = not quiet and sys.stderr.isatty()
     log = lambda message: click.echo(message, err=True)  # noqa: E731
     out = Path(out_dir)
-    if resume and data_dir is None:
-        from receipt_embed.training.trainer import recorded_data_dir
 
-        data_dir = recorded_data_dir(out)  # the run's own dataset, not the bundled samples
-        if data_dir is None and (out / "config.yaml").is_file():
-            raise InputError(f"{out} does not record its dataset (an older run): resume with --data DATASET_DIR")
     try:
         data = ensure_dataset(data_dir, out, config, progress, log)
         if sweep is not None:
@@ -154,13 +183,14 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
                 raise InputError("--resume cannot be combined with --sweep")
             from receipt_embed.training.sweep import format_sweep, run_sweep
 
-            summary = run_sweep(sweep, config_file, overrides, data, out, registry, progress=progress, log=log)
+            summary = run_sweep(sweep, config_file, overrides, data, out, registry, progress=progress, log=log,
+                                plugins_dir=config.plugins.dir)
             click.echo(format_sweep(summary))
             click.echo(f"Wrote {out / 'sweep.json'}; losses at different values are not compared")
             return
         result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log)
     except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as exc:
-        raise InputError(str(exc)) from None
+        raise InputError(worker_message(exc)) from None
     except PluginLoadError as exc:  # a plugin hook failed under --strict-plugins
         raise InputError(str(exc)) from None
     except TrainingDiverged as exc:

@@ -8,6 +8,7 @@ not the run was interrupted and resumed.
 from __future__ import annotations
 
 import hashlib
+import operator
 from typing import Iterator
 
 import numpy as np
@@ -50,11 +51,22 @@ class ViewDataset(Dataset):
         self.transform.set_random_seed(seed)
         view = self.transform(image=self.cache[index])["image"]
         if self.image_size is not None:  # a preset that skips the resize or returns floats would train on the wrong input
-            if not isinstance(view, np.ndarray) or view.dtype != np.uint8 or view.shape[:2] != self.image_size:
+            if (not isinstance(view, np.ndarray) or view.dtype != np.uint8
+                    or view.shape != (*self.image_size, 3)):
                 got = f"{view.dtype} {view.shape}" if isinstance(view, np.ndarray) else type(view).__name__
                 raise ValueError(f"{self.source} returned a {got} view; views must be uint8 of "
                                  f"{self.image_size[0]} x {self.image_size[1]} (data.image_size) x 3")
         return to_tensor(view, self.grayscale), self.labels[index]
+
+
+def _valid_index(index, n: int) -> bool:
+    """An integer (int, numpy or 0-d tensor integer; not a bool) in 0..n-1."""
+    if isinstance(index, (bool, np.bool_)):
+        return False
+    try:
+        return 0 <= operator.index(index) < n
+    except TypeError:
+        return False
 
 
 class SeededBatches:
@@ -77,7 +89,7 @@ class SeededBatches:
             if step < self.start_step:
                 continue
             if self.n_captures is not None:
-                bad = [i for i in batch if not isinstance(i, (int, np.integer)) or not 0 <= i < self.n_captures]
+                bad = [i for i in batch if not _valid_index(i, self.n_captures)]
                 if bad:
                     raise ValueError(f"{self.source} yielded {bad[0]!r} in batch {step + 1} of epoch {self.epoch + 1}; "
                                      f"indices must be integers in 0..{self.n_captures - 1} (the training captures)")

@@ -24,9 +24,12 @@ def parse_sweep(spec: str) -> tuple[str, list[str]]:
     return key.strip(), values
 
 
-def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, progress=True, log=print) -> dict:
+def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, progress=True, log=print,
+              plugins_dir: str | None = None) -> dict:
     key, values = parse_sweep(spec)
     configs = [load_config(config_file, [*overrides, f"{key}={value}"]) for value in values]  # validate all first
+    for config in configs:  # the plugins folder train resolved, recorded in every sub-run
+        config.plugins.dir = plugins_dir if plugins_dir is not None else config.plugins.dir
     out_dir = Path(out_dir)
     runs = []
     for value, config in zip(values, configs):

@@ -84,17 +84,31 @@ def dataset_record(data_dir) -> dict:
             "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None}
 
 
+def _read_data_record(run_dir) -> dict | None:
+    path = Path(run_dir) / DATA_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        saved["data_dir"]
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{path} is damaged; resume with --data DATASET_DIR (it is rewritten by a fresh run)") from None
+    return saved
+
+
 def recorded_data_dir(run_dir) -> str | None:
     """The dataset dir a run was started on (None for a run without data.json)."""
-    path = Path(run_dir) / DATA_FILE
-    return json.loads(path.read_text())["data_dir"] if path.is_file() else None
+    saved = _read_data_record(run_dir)
+    return saved["data_dir"] if saved else None
 
 
 def check_same_dataset(run_dir, record: dict) -> None:
-    path = Path(run_dir) / DATA_FILE
-    if not path.is_file():
+    saved = _read_data_record(run_dir)
+    if saved is None:
         return
-    saved = json.loads(path.read_text())
+    if record["manifest_sha256"] is None:
+        raise CheckpointError(f"cannot resume {run_dir}: {record['data_dir']} holds no manifest.jsonl (moved or "
+                              "deleted?); pass --data with the dataset dir the run was trained on")
     if saved.get("manifest_sha256") and record["manifest_sha256"] != saved["manifest_sha256"]:
         raise CheckpointError(f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
                               f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}")
@@ -448,7 +462,7 @@ class Trainer:
         if self.ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.config, self.run_dir / CONFIG_FILE)
-            if not (self.run_dir / DATA_FILE).exists():
+            if self.state is None:  # a fresh run (also over the leftovers of one that never saved a checkpoint)
                 atomic_write_json(self.run_dir / DATA_FILE, self.data_record)
         result = TrainResult(self.run_dir)
         epochs = self.config.train.epochs

@@ -27,6 +27,7 @@ import difflib
 import numpy as np
 
 from receipt_embed.hookspecs import hookimpl
+from receipt_embed.sampling.samplers import two_view_batch
 
 __version__ = "1.0"
 
@@ -123,17 +124,9 @@ class SameGroupSampler:
                           same_group_negatives_random=round(float(random_share), 4),
                           same_capture_pairs=0)
         for receipts in batches:
-            first, second = [], []
-            for receipt in receipts:
-                captures = self.captures[receipt]
-                if len(captures) >= 2:
-                    a, b = rng.choice(len(captures), 2, replace=False)
-                else:
-                    a = b = 0
-                    self.stats["same_capture_pairs"] += 1
-                first.append(captures[a])
-                second.append(captures[b])
-            yield first + second
+            batch, same = two_view_batch(receipts, self.captures, rng)  # the unique_identity layout
+            self.stats["same_capture_pairs"] += same
+            yield batch
 
 
 def build(identities, batch_size, seed, metadata, column: str = "merchant", tail: str = "fill"):

@@ -685,24 +685,34 @@ def test_unknown_component_from_a_checkpoint_names_its_plugins_folder(tmp_path):
         load_model(checkpoint, _loaded(tmp_path / "elsewhere"))
 
 
-def test_plugins_dir_given_on_the_command_line_is_recorded_in_the_run(cli, tmp_path):
+FLIP_PLUGIN = '''
+from receipt_embed.hookspecs import hookimpl
+
+def build(image_size):
+    import albumentations as A
+    return A.Compose([A.Resize(*image_size), A.HorizontalFlip(p=0.5)])
+
+@hookimpl
+def register_augmentations(register):
+    register("flip", build)
+'''
+
+
+def _train_with_flip_plugin(cli, tmp_path):
+    """data_samples ingested into TMP/ds, then a tiny run into TMP/run with the folder plugin
+    TMP/mine/flip.py given as `--plugins-dir mine`; returns (result, the --set arguments)."""
     from conftest import TINY_TRAINING
 
-    _write(tmp_path / "mine", "flip.py", '''
-        from receipt_embed.hookspecs import hookimpl
-
-        def build(image_size):
-            import albumentations as A
-            return A.Compose([A.Resize(*image_size), A.HorizontalFlip(p=0.5)])
-
-        @hookimpl
-        def register_augmentations(register):
-            register("flip", build)
-    ''')
+    _write(tmp_path / "mine", "flip.py", FLIP_PLUGIN)
     sets = [arg for item in [*TINY_TRAINING, "augment.preset=flip"] for arg in ("--set", item)]
     assert cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", cwd=tmp_path).returncode == 0
     result = cli("--plugins-dir", "mine", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", *sets,
                  cwd=tmp_path)
+    return result, sets
+
+
+def test_plugins_dir_given_on_the_command_line_is_recorded_in_the_run(cli, tmp_path):
+    result, sets = _train_with_flip_plugin(cli, tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"dir: {tmp_path / 'mine'}" in (tmp_path / "run" / "config.yaml").read_text()
     # a vector-valued loss through the command line: one line, exit 2
@@ -740,23 +750,7 @@ def test_call_hooks_keep_pluggy_order_and_accept_kwargs(tmp_path):
 
 
 def test_resume_does_not_load_plugins_from_the_run_dir(cli, tmp_path):
-    from conftest import TINY_TRAINING
-
-    _write(tmp_path / "mine", "flip.py", '''
-        from receipt_embed.hookspecs import hookimpl
-
-        def build(image_size):
-            import albumentations as A
-            return A.Compose([A.Resize(*image_size)])
-
-        @hookimpl
-        def register_augmentations(register):
-            register("flip", build)
-    ''')
-    sets = [arg for item in [*TINY_TRAINING, "augment.preset=flip"] for arg in ("--set", item)]
-    assert cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", cwd=tmp_path).returncode == 0
-    first = cli("--plugins-dir", "mine", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", *sets,
-                cwd=tmp_path)
+    first, _ = _train_with_flip_plugin(cli, tmp_path)
     assert first.returncode == 0, first.stderr
     (tmp_path / "elsewhere").mkdir()
     resumed = cli("train", "--out", tmp_path / "run", "--resume", "--set", "train.epochs=2", cwd=tmp_path / "elsewhere")

@@ -28,6 +28,23 @@ def _group(labels: Sequence[int]) -> dict[int, list[int]]:
     return dict(groups)
 
 
+def two_view_batch(identities: Sequence[int], captures: dict[int, list[int]], rng: np.random.Generator) -> tuple[list[int], int]:
+    """``[first views; second views]`` of ``identities``: two different captures of each when
+    it has two or more, else its one capture twice. Returns (batch, how many were the same
+    capture twice). Public for sampler plugins that choose identities their own way."""
+    first, second, same = [], [], 0
+    for identity in identities:
+        own = captures[identity]
+        if len(own) >= 2:
+            a, b = rng.choice(len(own), 2, replace=False)
+        else:
+            a = b = 0
+            same += 1
+        first.append(own[a])
+        second.append(own[b])
+    return first + second, same
+
+
 class _IdentityBatches:
     """Shared epoch logic: a permutation of identities cut into batches, tail handled."""
 
@@ -82,18 +99,9 @@ class UniqueIdentitySampler(_IdentityBatches):
         batches = self._identity_batches(rng)
         self.stats["same_capture_pairs"] = 0
         for identities in batches:
-            first, second = [], []
-            for identity in identities:
-                captures = self.groups[identity]
-                if len(captures) >= 2:
-                    a, b = rng.choice(len(captures), 2, replace=False)
-                    first.append(captures[a])
-                    second.append(captures[b])
-                else:
-                    self.stats["same_capture_pairs"] += 1
-                    first.append(captures[0])
-                    second.append(captures[0])
-            yield first + second
+            batch, same = two_view_batch(identities, self.groups, rng)
+            self.stats["same_capture_pairs"] += same
+            yield batch
 
 
 class PKSampler(_IdentityBatches):

@@ -36,6 +36,8 @@ class IngestConfig(_Section):
     split_ratios: tuple[float, float, float]
     seed: int
     max_pixels: PositiveInt
+    # a default here too: checkpoints written before the key existed must still load
+    max_bytes: PositiveInt = 64 * 1024 * 1024
     allow_absolute_paths: bool
     merge_duplicates: bool
 
@@ -109,6 +111,8 @@ class Config(_Section):
     plugins: PluginsConfig
 
 
+# a config is a page of YAML; anything far larger is not one
+MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_CONFIG = files("receipt_embed") / "configs" / "default.yaml"
 DEMO_CONFIG = files("receipt_embed") / "configs" / "demo.yaml"
 
@@ -140,10 +144,17 @@ def _explain(error: dict) -> str:
 
 
 def _load_yaml(path: Path) -> dict:
+    """A YAML mapping from a regular file (a FIFO or device named by --config is refused, not read)."""
+    from receipt_embed.userfiles import UnusableFile, read_regular_text
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        data = yaml.safe_load(read_regular_text(path, MAX_CONFIG_BYTES))
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(f"config file {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     if data is None:

@@ -54,8 +54,11 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
 
 @torch.no_grad()
 def embed_paths(loaded: LoadedModel, paths: list[str], features: str = "backbone", batch_size: int = 128,
-                progress: bool = False) -> np.ndarray:
-    """(N, D) float32 embeddings (not normalised) of the images at ``paths``."""
+                progress: bool = False, digests: list[str | None] | None = None) -> np.ndarray:
+    """(N, D) float32 embeddings (not normalised) of the images at ``paths``.
+
+    Files are read within the checkpoint config's ``ingest.max_bytes`` and ``max_pixels``;
+    ``digests`` (sha256 per path, from a dataset dir) refuse captures replaced since ingest."""
     if features not in FEATURES:
         raise ValueError(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
     config = loaded.config
@@ -63,7 +66,9 @@ def embed_paths(loaded: LoadedModel, paths: list[str], features: str = "backbone
     out = []
     with tqdm(total=len(paths), desc="embedding", unit="img", disable=not progress, file=sys.stderr) as bar:
         for start in range(0, len(paths), 1024):  # decode in slices to bound memory
-            cache = ImageCache(paths[start : start + 1024], size)
+            cache = ImageCache(paths[start : start + 1024], size, max_pixels=config.ingest.max_pixels,
+                               max_bytes=config.ingest.max_bytes,
+                               digests=None if digests is None else digests[start : start + 1024])
             for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
                 backbone, head = loaded.model(images)
                 out.append((backbone if features == "backbone" else head).float().numpy())

@@ -16,12 +16,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
+
+# Pillow's own decompression-bomb threshold: the default where no config is at hand
+DEFAULT_MAX_PIXELS = 89_478_485
 SUPPORTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "TIFF", "BMP"})
 _PIL_LIMIT_LOCK = threading.Lock()
 
 
-class ImageRejected(Exception):
-    """A file that is not a usable capture; ``reason`` is a stable code for reports."""
+class ImageRejected(ValueError):
+    """A file that is not a usable capture; ``reason`` is a stable code for reports (a
+    ValueError, so the CLI reports it as bad input)."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
@@ -56,17 +61,22 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def _open_header(data: bytes) -> Image.Image:
+    """Pillow image from bytes with only the header read (its own bomb limit off: callers check)."""
+    with _PIL_LIMIT_LOCK:  # Pillow's own bomb check reads a module global at open time
+        default_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        try:
+            return Image.open(io.BytesIO(data))
+        finally:
+            Image.MAX_IMAGE_PIXELS = default_limit
+
+
 def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> DecodedImage:
     """Decode fully (so truncation is caught), check size and format, return 8-bit RGB."""
     if not data:
         raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
     try:
-        with _PIL_LIMIT_LOCK:  # Pillow's own bomb check reads a module global at open time
-            default_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
-            try:  # open() reads the header only; the pixel count is checked below, before decoding
-                image = Image.open(io.BytesIO(data))
-            finally:
-                Image.MAX_IMAGE_PIXELS = default_limit
+        image = _open_header(data)  # the pixel count is checked below, before decoding
         fmt = image.format or "unknown"
         if fmt not in SUPPORTED_FORMATS:
             raise ImageRejected(
@@ -95,17 +105,42 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
     return DecodedImage(_to_rgb(image), fmt, source_mode)
 
 
-def load_resized(path: str | Path, size: tuple[int, int]) -> np.ndarray:
-    """Decode a capture straight to (height, width) RGB uint8.
+def resize_bytes(data: bytes, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
+                 name: str = "<bytes>") -> np.ndarray:
+    """Decode an encoded capture straight to (height, width) RGB uint8.
 
-    JPEG's DCT scaling (Pillow draft mode) decodes at 1/2, 1/4 or 1/8 resolution when the
-    target is small, which is several times faster than a full decode followed by a resize.
-    """
+    The pixel count is checked from the header before anything is decoded, so a
+    decompression bomb is refused without allocating it. JPEG's DCT scaling (Pillow draft
+    mode) decodes at 1/2, 1/4 or 1/8 resolution when the target is small, which is several
+    times faster than a full decode followed by a resize."""
     height, width = size
-    path = Path(path)
-    with Image.open(path) as image:
-        side = max(height, width)
-        image.draft("RGB", (side, side))
-        image = _to_rgb(ImageOps.exif_transpose(image))
-        resized = image.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    if not data:
+        raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
+    try:
+        with _open_header(data) as image:
+            pixels = image.size[0] * image.size[1]
+            if pixels > max_pixels:
+                raise ImageRejected(
+                    "too_many_pixels", f"{name}: {image.size[0]}x{image.size[1]} = {pixels} pixels exceeds the limit "
+                    f"of {max_pixels} (possible decompression bomb; raise ingest.max_pixels if it is genuine)")
+            side = max(height, width)
+            image.draft("RGB", (side, side))
+            image = _to_rgb(ImageOps.exif_transpose(image))
+            resized = image.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    except ImageRejected:
+        raise
+    except UnidentifiedImageError:
+        raise ImageRejected("not_an_image", f"{name}: not a recognised image file") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageRejected("decode_error", f"{name}: cannot decode ({exc})") from None
     return np.asarray(resized, dtype=np.uint8)
+
+
+def load_resized(path: str | Path, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
+                 max_bytes: int | None = DEFAULT_MAX_BYTES) -> np.ndarray:
+    """A capture file decoded to (height, width) RGB uint8 (see :func:`resize_bytes`).
+
+    Only a regular file of at most ``max_bytes`` is read (a FIFO or device raises
+    :class:`~receipt_embed.userfiles.UnusableFile`); what cannot be decoded raises
+    :class:`ImageRejected`. Both are ValueErrors naming the path."""
+    return resize_bytes(read_regular(path, max_bytes), size, max_pixels, name=str(path))

@@ -32,14 +32,16 @@ def _plugin_failures() -> tuple[type, ...]:
 
 def heldout_retrieval(checkpoint: Path, dataset: Path, registry) -> dict:
     """Leave-one-out retrieval on the held-out split with both feature kinds."""
-    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
+    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split, verify_captures
     from receipt_embed.embedding import FEATURES, embed_paths, load_model
     from receipt_embed.evaluation.retrieval import retrieval_metrics
 
     loaded = load_model(checkpoint, registry)
     heldout = select_split(load_dataset_dir(dataset), "heldout")
+    verify_captures(heldout.rows)
     return {
-        features: retrieval_metrics(embed_paths(loaded, heldout.paths, features=features), heldout.labels)
+        features: retrieval_metrics(embed_paths(loaded, heldout.paths, features=features, digests=heldout.digests),
+                                    heldout.labels)
         for features in FEATURES
     }
 

@@ -27,12 +27,15 @@ def _ratios(ctx, param, value):
 @click.option("--split-ratios", callback=_ratios, default=None, help="train,val,heldout shares of identities [0.8,0.1,0.1].")
 @click.option("--seed", type=int, default=None, help="Split seed [ingest.seed].")
 @click.option("--max-pixels", type=click.IntRange(min=1), default=None, help="Reject larger images [ingest.max_pixels].")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=None,
+              help="Reject larger capture files unread [ingest.max_bytes].")
 @click.option("--allow-absolute-paths", is_flag=True, default=None, help="Accept absolute paths in the manifest.")
 @click.option("--merge-duplicates", is_flag=True, default=None, help="Join receipt_ids whose files are identical.")
 @click.option("--strict", is_flag=True, help="Exit with code 1 when any row was rejected.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @config_options
-def ingest(source, out_dir, split_ratios, seed, max_pixels, allow_absolute_paths, merge_duplicates, strict, quiet, config_file, overrides):
+def ingest(source, out_dir, split_ratios, seed, max_pixels, max_bytes, allow_absolute_paths, merge_duplicates, strict, quiet,
+           config_file, overrides):
     """Check every capture listed in SOURCE (a CSV/JSONL manifest, or a folder holding
     manifest.csv or manifest.jsonl) and write OUT/manifest.jsonl and OUT/ingest_report.json.
 
@@ -46,6 +49,7 @@ def ingest(source, out_dir, split_ratios, seed, max_pixels, allow_absolute_paths
         "split_ratios": f"[{','.join(map(str, split_ratios))}]" if split_ratios else None,
         "seed": seed,
         "max_pixels": max_pixels,
+        "max_bytes": max_bytes,
         "allow_absolute_paths": allow_absolute_paths,
         "merge_duplicates": merge_duplicates,
     }

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from receipt_embed.data.cache import REINGEST, CaptureChanged, ImageCache
 from receipt_embed.fileio import read_jsonl
 from receipt_embed.ingest.pipeline import MANIFEST_FILE
 from receipt_embed.ingest.splits import SPLITS
+from receipt_embed.userfiles import UnusableFile, check_regular, read_regular
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,11 @@ class Captures:
     @property
     def paths(self) -> list[str]:
         return [row["path"] for row in self.rows]
+
+    @property
+    def digests(self) -> list[str | None]:
+        """The sha256 ingest recorded per capture (None where a row lacks one)."""
+        return [row.get("sha256") for row in self.rows]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -47,3 +55,42 @@ def select_split(rows: list[dict], split: str) -> Captures:
     identities = sorted({row["receipt_id"] for row in chosen})
     index = {receipt_id: i for i, receipt_id in enumerate(identities)}
     return Captures(chosen, [index[row["receipt_id"]] for row in chosen], identities)
+
+
+def _change_of(row: dict) -> str | None:
+    """What changed in one capture file since ingest recorded its size and mtime, or None.
+
+    Rows from dataset dirs written before ingest recorded them are not checked. A file whose
+    size is the same but whose mtime moved (touched, or copied without keeping times) is
+    hashed: only a different content counts as a change."""
+    if not isinstance(row.get("bytes"), int) or not isinstance(row.get("mtime_ns"), int):
+        return None
+    path = row["path"]
+    try:
+        info = check_regular(path)
+        if info.st_size != row["bytes"]:
+            return f"{path} changed since ingest: {info.st_size} bytes, was {row['bytes']}"
+        if info.st_mtime_ns != row["mtime_ns"] and row.get("sha256"):
+            if hashlib.sha256(read_regular(path, None)).hexdigest() != row["sha256"]:
+                return f"{path} changed since ingest: same size, but its content (sha256) differs from manifest.jsonl"
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            return f"{path} is missing (moved or deleted since ingest?)"
+        return f"{exc}, unlike at ingest"
+    return None
+
+
+def verify_captures(rows: list[dict]) -> None:
+    """Refuse captures replaced, edited or removed since ingest (one error: the first, and how many)."""
+    problems = [problem for problem in map(_change_of, rows) if problem]
+    if problems:
+        more = f" ({len(problems) - 1} more captures changed too)" if len(problems) > 1 else ""
+        raise CaptureChanged(f"{problems[0]}{more}; {REINGEST}")
+
+
+def cache_captures(captures: Captures, size: tuple[int, int], settings, progress: bool = False) -> ImageCache:
+    """The decoded cache of some captures, each checked against its manifest.jsonl record;
+    ``settings`` (an IngestConfig) caps the bytes read and the pixels decoded per file."""
+    verify_captures(captures.rows)
+    return ImageCache(captures.paths, size, progress=progress, max_pixels=settings.max_pixels,
+                      max_bytes=settings.max_bytes, digests=captures.digests)

@@ -14,7 +14,8 @@ from receipt_embed.indexing.factory import build_index
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
 
 # bookkeeping columns of a dataset dir's manifest.jsonl that say nothing about the capture
-_INTERNAL = ("manifest_path", "line")
+# (mtime_ns only serves to detect files replaced since ingest)
+_INTERNAL = ("manifest_path", "line", "mtime_ns")
 
 
 def item_of(row: dict) -> dict:
@@ -31,7 +32,7 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
                   shard: tuple[int, int] | None = None, log=lambda message: None, **build_options) -> dict:
     """Embed a dataset dir's captures with a checkpoint and write an index dir (or, with
     ``shard=(i, n)``, a shard dir holding rows i/n of them for ``index-merge``)."""
-    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
+    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split, verify_captures
     from receipt_embed.embedding import load_model
 
     captures = select_split(load_dataset_dir(data_dir), split)
@@ -41,6 +42,7 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
     if gone:
         raise FileNotFoundError(f"{len(gone)} captures listed in {Path(data_dir) / 'manifest.jsonl'} are missing, "
                                 f"first {gone[0]}; were they moved since `receipt-embed ingest`? Re-run it")
+    verify_captures(captures.rows)
     source = {**checkpoint_source(checkpoint), "dataset": str(Path(data_dir).resolve()), "split": split}
     loaded = load_model(checkpoint, registry)
     rows = captures.rows
@@ -52,22 +54,23 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
             raise ValueError(f"shard {shard[0]}/{shard[1]} of {len(rows)} captures is empty; use at most {len(rows)} shards")
         rows = rows[start:end]
         log(f"shard {shard[0]}/{shard[1]}: rows {start}..{end - 1} of {len(captures)} captures ({split})")
-        embeddings = embed_paths_checked(loaded, [r["path"] for r in rows], features, batch_size, progress)
+        embeddings = embed_paths_checked(loaded, [r["path"] for r in rows], features, batch_size, progress,
+                                         [r.get("sha256") for r in rows])
         meta = {**source, "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"), "features": features,
                 "shard": shard[0], "shards": shard[1], "total": len(captures), "rows": [start, end]}
         return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta)
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
-    embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress)
+    embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress, captures.digests)
     if (Path(out) / "shard.json").exists():
         raise ValueError(f"--out {out} is a shard dir; write the index to its own dir")
     built = build_index(embeddings, factory, log=log, **build_options)
     return write_index_dir(out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features)
 
 
-def embed_paths_checked(loaded, paths, features, batch_size, progress) -> np.ndarray:
+def embed_paths_checked(loaded, paths, features, batch_size, progress, digests=None) -> np.ndarray:
     from receipt_embed.embedding import embed_paths
 
-    embeddings = embed_paths(loaded, paths, features, batch_size=batch_size, progress=progress)
+    embeddings = embed_paths(loaded, paths, features, batch_size=batch_size, progress=progress, digests=digests)
     bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
     if len(bad):
         raise ValueError(f"the model produced non-finite embeddings for {len(bad)} images, first {paths[bad[0]]}")

@@ -8,11 +8,20 @@ problems with the file itself (bad CSV quoting, an invalid JSON line, no header)
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
+
 REQUIRED_COLUMNS = ("path", "receipt_id", "device")
+# columns ingest itself writes into manifest.jsonl (split is not one: a manifest may give it)
+RESERVED_COLUMNS = ("sha256", "width", "height", "format", "mode", "bytes", "mtime_ns", "line", "manifest_path",
+                    "duplicate_conflict", "source_receipt_id")
+# a manifest is text, one short line per capture: millions of rows fit well below this
+MAX_MANIFEST_BYTES = DEFAULT_MAX_BYTES
 MANIFEST_NAMES = ("manifest.csv", "manifest.jsonl")
 
 
@@ -26,22 +35,44 @@ class ManifestRow:
     fields: dict
 
 
+def _check_manifest_file(path: Path) -> None:
+    """A manifest must be a regular file: a FIFO or a device would block or never end."""
+    try:
+        check_regular(path)
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            raise ManifestError(f"manifest not found: {path}") from None
+        raise ManifestError(f"manifest {exc}") from None
+
+
 def find_manifest(source: str | Path) -> Path:
     """``source`` is a manifest file, or a folder holding manifest.csv / manifest.jsonl."""
     source = Path(source)
     if source.is_dir():
         for name in MANIFEST_NAMES:
-            if (source / name).is_file():
+            if os.path.lexists(source / name):
+                _check_manifest_file(source / name)
                 return source / name
         raise ManifestError(f"{source} is a folder without {' or '.join(MANIFEST_NAMES)}")
-    if not source.is_file():
-        raise ManifestError(f"manifest not found: {source}")
+    _check_manifest_file(source)
     return source
 
 
-def _not_utf8(path: Path, exc: UnicodeDecodeError) -> ManifestError:
-    """Name the first line that is not UTF-8 (decoding runs ahead in blocks, so find it)."""
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+def _read_text(path: Path) -> str:
+    """The whole manifest as text (one capped read of a regular file)."""
+    try:
+        data = read_regular(path, MAX_MANIFEST_BYTES)
+    except UnusableFile as exc:
+        raise ManifestError(f"manifest {exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, data, exc) from None
+
+
+def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> ManifestError:
+    """Name the first line that is not UTF-8."""
+    for number, raw in enumerate(data.splitlines(), start=1):
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -49,45 +80,48 @@ def _not_utf8(path: Path, exc: UnicodeDecodeError) -> ManifestError:
     return ManifestError(f"{path}: not UTF-8 text ({exc.reason})")
 
 
+def check_reserved_columns(path: Path, columns) -> None:
+    """Refuse manifest columns that ingest writes itself: they would be overwritten, or
+    (``duplicate_conflict``, ``source_receipt_id``) trusted as if ingest had found them."""
+    clashing = [column for column in RESERVED_COLUMNS if column in columns]
+    if clashing:
+        renames = ", ".join(f"{c!r} -> {c + '_given'!r}" for c in clashing)
+        raise ManifestError(f"{path}: column(s) {', '.join(clashing)} are written by ingest itself; "
+                            f"rename them in the manifest (e.g. {renames})")
+
+
 def _read_csv(path: Path) -> list[ManifestRow]:
     rows = []
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle, strict=True)
-        start = 1  # the line where the row being read begins
-        try:
-            header = next(reader, None)
-            if not header or not any(cell.strip() for cell in header):
-                raise ManifestError(f"{path}: empty file or missing header line")
-            header = [cell.strip() for cell in header]
-            duplicated = sorted({c for c in header if header.count(c) > 1})
-            if duplicated:
-                raise ManifestError(f"{path}, line 1: repeated column(s) {', '.join(duplicated)}")
-            start = reader.line_num + 1
-            for cells in reader:
-                if not any(cell.strip() for cell in cells):
-                    start = reader.line_num + 1
-                    continue
-                if len(cells) != len(header):
-                    raise ManifestError(
-                        f"{path}, line {start}: expected {len(header)} fields ({', '.join(header)}), "
-                        f"found {len(cells)}"
-                    )
-                rows.append(ManifestRow(start, {k: v.strip() for k, v in zip(header, cells)}))
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""), strict=True)
+    start = 1  # the line where the row being read begins
+    try:
+        header = next(reader, None)
+        if not header or not any(cell.strip() for cell in header):
+            raise ManifestError(f"{path}: empty file or missing header line")
+        header = [cell.strip() for cell in header]
+        duplicated = sorted({c for c in header if header.count(c) > 1})
+        if duplicated:
+            raise ManifestError(f"{path}, line 1: repeated column(s) {', '.join(duplicated)}")
+        start = reader.line_num + 1
+        for cells in reader:
+            if not any(cell.strip() for cell in cells):
                 start = reader.line_num + 1
-        except csv.Error as exc:
-            raise ManifestError(f"{path}, line {start}: malformed CSV ({exc})") from None
-        except UnicodeDecodeError as exc:
-            raise _not_utf8(path, exc) from None
+                continue
+            if len(cells) != len(header):
+                raise ManifestError(
+                    f"{path}, line {start}: expected {len(header)} fields ({', '.join(header)}), "
+                    f"found {len(cells)}"
+                )
+            rows.append(ManifestRow(start, {k: v.strip() for k, v in zip(header, cells)}))
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        raise ManifestError(f"{path}, line {start}: malformed CSV ({exc})") from None
     return rows
 
 
 def _read_jsonl(path: Path) -> list[ManifestRow]:
     rows = []
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(path, exc) from None
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -8,6 +8,7 @@ listed in the report's ``rejected`` (with its line and a reason code) or in
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections import Counter, defaultdict
@@ -21,8 +22,10 @@ from receipt_embed.config import IngestConfig, load_config
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl
 from receipt_embed.images import ImageRejected, decode_image
 from receipt_embed.ingest.duplicates import resolve_duplicates
-from receipt_embed.ingest.manifest import REQUIRED_COLUMNS, ManifestError, ManifestRow, find_manifest, read_manifest
+from receipt_embed.ingest.manifest import (REQUIRED_COLUMNS, ManifestError, ManifestRow, check_reserved_columns,
+                                           find_manifest, read_manifest)
 from receipt_embed.ingest.splits import SPLITS, assign_splits
+from receipt_embed.userfiles import UnusableFile, open_regular
 
 MANIFEST_FILE = "manifest.jsonl"
 REPORT_FILE = "ingest_report.json"
@@ -95,7 +98,11 @@ def _validate_rows(rows: list[ManifestRow], root: Path, settings: IngestConfig, 
         if is_absolute and not settings.allow_absolute_paths:
             _reject(rejected, row, "absolute_path", f"line {row.line}: absolute path {raw_path} (allow with --allow-absolute-paths)")
             continue
-        resolved = (root / raw_path).resolve()
+        try:
+            resolved = (root / raw_path).resolve()
+        except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL byte
+            _reject(rejected, row, "unresolvable_path", f"line {row.line}: path {raw_path!r} {_unresolvable(exc)}")
+            continue
         if not is_absolute and not resolved.is_relative_to(root):
             _reject(rejected, row, "path_escapes", f"line {row.line}: path {raw_path} escapes the manifest folder {root}")
             continue
@@ -112,15 +119,40 @@ def _validate_rows(rows: list[ManifestRow], root: Path, settings: IngestConfig, 
     return candidates
 
 
-def _inspect(candidate: dict, max_pixels: int) -> dict:
-    """Read and fully decode one file; returns its checked facts or the rejection."""
-    path = Path(candidate["path"])
+def _unresolvable(exc: Exception) -> str:
+    """Why ``Path.resolve`` failed, in words."""
+    if isinstance(exc, ValueError):
+        return "contains a NUL byte"
+    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
+        return "cannot be resolved: too many levels of symbolic links (a symlink loop?)"
+    return f"cannot be resolved ({getattr(exc, 'strerror', None) or exc})"
+
+
+def _read_capture(candidate: dict, max_bytes: int) -> tuple[bytes, os.stat_result] | dict:
+    """The bytes of one capture file and their size and mtime, or the rejection: only a
+    regular file of at most ``max_bytes`` is opened (a FIFO, device or folder never is)."""
+    path, line, named = Path(candidate["path"]), candidate["line"], candidate["manifest_path"]
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {"reason": "missing_file", "detail": f"line {candidate['line']}: file not found: {candidate['manifest_path']} ({path})"}
-    except (IsADirectoryError, PermissionError) as exc:
-        return {"reason": "not_a_file", "detail": f"line {candidate['line']}: cannot read {path} ({exc.strerror})"}
+        with open_regular(path, max_bytes) as handle:
+            info = os.fstat(handle.fileno())
+            data = handle.read(max_bytes + 1)
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            return {"reason": "missing_file", "detail": f"line {line}: file not found: {named} ({path})"}
+        return {"reason": exc.reason, "detail": f"line {line}: {named}: {exc.detail}"}
+    except OSError as exc:  # a read error after a good open (an I/O error, a vanished network share)
+        return {"reason": "unreadable", "detail": f"line {line}: cannot read {named} ({exc.strerror or exc})"}
+    if len(data) > max_bytes:
+        return {"reason": "too_large", "detail": f"line {line}: {named} grew past the limit of {max_bytes} bytes"}
+    return data, info
+
+
+def _inspect(candidate: dict, max_pixels: int, max_bytes: int) -> dict:
+    """Read and fully decode one file; returns its checked facts or the rejection."""
+    read = _read_capture(candidate, max_bytes)
+    if isinstance(read, dict):
+        return read
+    data, info = read
     try:
         decoded = decode_image(data, max_pixels, name=f"line {candidate['line']}: {candidate['manifest_path']}")
     except ImageRejected as exc:
@@ -132,6 +164,8 @@ def _inspect(candidate: dict, max_pixels: int) -> dict:
         "height": height,
         "format": decoded.format,
         "mode": decoded.source_mode,
+        "bytes": len(data),  # size and mtime: later commands detect a file replaced since ingest
+        "mtime_ns": info.st_mtime_ns,
     }
 
 
@@ -139,7 +173,7 @@ def _check_files(candidates: list[dict], settings: IngestConfig, rejected: list,
     workers = min(4, os.cpu_count() or 1)
     checked = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = pool.map(lambda c: _inspect(c, settings.max_pixels), candidates)
+        results = pool.map(lambda c: _inspect(c, settings.max_pixels, settings.max_bytes), candidates)
         for candidate, facts in tqdm(
             zip(candidates, results), total=len(candidates), desc="checking files", unit="file", disable=not progress
         ):
@@ -214,6 +248,7 @@ def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | Non
         raise ManifestError(
             f"{manifest_path}: required column(s) {', '.join(absent)} not found (columns: {', '.join(sorted(columns))}){hint}"
         )
+    check_reserved_columns(manifest_path, columns)
 
     rejected: list[dict] = []
     candidates = _validate_rows(rows, root, settings, rejected)

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from receipt_embed.config import Config, save_config
 from receipt_embed.data.cache import ImageCache, cache_size
-from receipt_embed.data.dataset_dir import Captures, load_dataset_dir, select_split
+from receipt_embed.data.dataset_dir import Captures, cache_captures, load_dataset_dir, select_split
 from receipt_embed.data.views import SeededBatches, ViewDataset, clean_batches
 from receipt_embed.evaluation.diagnostics import embedding_diagnostics
 from receipt_embed.evaluation.retrieval import retrieval_metrics
@@ -294,8 +294,8 @@ class Trainer:
         if len(self.train_set.identities) < 2:
             raise ValueError(f"{data_dir} has {len(self.train_set.identities)} training identities; at least 2 are needed")
         size = cache_size(tuple(config.data.image_size), train_cfg.cache_margin)
-        self.train_cache = ImageCache(self.train_set.paths, size, progress=progress)
-        self.val_cache = ImageCache(self.val_set.paths, size, progress=progress)
+        self.train_cache = cache_captures(self.train_set, size, config.ingest, progress=progress)
+        self.val_cache = cache_captures(self.val_set, size, config.ingest, progress=progress)
 
         self.model = build_model(config, registry)
         self.loss_fn = registry.create_with("loss", config.loss.name, {"temperature": config.loss.temperature},

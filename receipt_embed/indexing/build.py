@@ -102,21 +102,27 @@ def read_items_manifest(manifest: str | Path) -> tuple[Path, list[dict]]:
 
 def load_embeddings(path: str | Path) -> np.ndarray:
     """A (N, D) array from .npy; non-numeric, non-finite or all-zero rows are named."""
+    from receipt_embed.userfiles import UnusableFile, open_regular
+
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            magic = handle.read(6)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"embeddings file not found: {path}") from None
-    if magic.startswith(b"PK"):
-        raise ValueError(f"{path}: expected a single .npy array, got an .npz archive (save one array with numpy.save)")
-    if magic != b"\x93NUMPY":
-        raise ValueError(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
-    try:
-        array = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        reason = "it holds Python objects, not numbers" if "pickle" in str(exc) else str(exc)
-        raise ValueError(f"{path}: cannot be read as a numeric array: {reason}") from None
+        handle = open_regular(path, None)  # a FIFO or device is refused, never read
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            raise FileNotFoundError(f"embeddings file not found: {path}") from None
+        raise ValueError(f"embeddings file {exc}") from None
+    with handle:
+        magic = handle.read(6)
+        if magic.startswith(b"PK"):
+            raise ValueError(f"{path}: expected a single .npy array, got an .npz archive (save one array with numpy.save)")
+        if magic != b"\x93NUMPY":
+            raise ValueError(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
+        handle.seek(0)
+        try:
+            array = np.load(handle, allow_pickle=False)
+        except ValueError as exc:
+            reason = "it holds Python objects, not numbers" if "pickle" in str(exc) else str(exc)
+            raise ValueError(f"{path}: cannot be read as a numeric array: {reason}") from None
     if array.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D array (items x dims), got shape {array.shape}")
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):

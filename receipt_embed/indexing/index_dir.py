@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,12 @@ import numpy as np
 
 from receipt_embed import __version__
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.userfiles import UnusableFile, open_regular, read_regular_text
 
 INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE, META_FILE = "index.faiss", "items.jsonl", "embeddings.npy", "index.json"
 FORMAT_VERSION = 1
+# index.json is a page of metadata; anything far larger is not one
+MAX_META_BYTES = 16 * 1024 * 1024
 
 
 class IndexDirError(ValueError):
@@ -46,8 +50,9 @@ class IndexDir:
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a regular file (a FIFO or device raises UnusableFile instead of blocking)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path, None) as handle:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
@@ -108,10 +113,13 @@ def read_meta(path: str | Path) -> dict:
         raise IndexDirError(f"index dir {path} does not exist; build one with `receipt-embed index`")
     if not path.is_dir():
         raise IndexDirError(f"{path} is not a directory; an index dir is what `receipt-embed index --out` writes")
-    if not meta_path.is_file():
-        raise IndexDirError(f"{meta_path} not found: {path} is not a complete index dir (was `receipt-embed index` interrupted?)")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = json.loads(read_regular_text(meta_path, MAX_META_BYTES))
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            raise IndexDirError(f"{meta_path} not found: {path} is not a complete index dir "
+                                "(was `receipt-embed index` interrupted?)") from None
+        raise IndexDirError(_not_usable(exc)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise IndexDirError(f"{meta_path} is not valid JSON: {exc}") from None
     if not isinstance(meta, dict):
@@ -128,10 +136,35 @@ def read_meta(path: str | Path) -> dict:
     return meta
 
 
+def _not_usable(exc: UnusableFile) -> str:
+    return f"{exc}: an index dir holds only the regular files `receipt-embed index` writes"
+
+
+def _open_member(path: Path):
+    """A handle on one file of an index dir; anything but a regular file is an IndexDirError."""
+    try:
+        return open_regular(path, None)
+    except UnusableFile as exc:
+        raise IndexDirError(f"{path} is missing" if exc.reason == "missing_file" else _not_usable(exc)) from None
+
+
+def _read_faiss(path: Path):
+    """``faiss.read_index`` fed from a checked handle (given a path, FAISS would block on a FIFO)."""
+    import faiss
+
+    with _open_member(path) as handle:
+        reader = faiss.PyCallbackIOReader(handle.read)
+        try:
+            return faiss.read_index(reader)
+        except RuntimeError as exc:
+            raise IndexDirError(f"{path} cannot be read by FAISS: {str(exc).strip().splitlines()[-1]}") from None
+        finally:
+            del reader
+
+
 def _check_file(path: Path, expected: dict) -> None:
-    if not path.is_file():
-        raise IndexDirError(f"{path} is missing")
-    size = path.stat().st_size
+    with _open_member(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
     if size != expected["bytes"]:
         raise IndexDirError(f"{path} has {size} bytes, index.json records {expected['bytes']}: truncated or replaced")
     if sha256_file(path) != expected["sha256"]:
@@ -140,8 +173,6 @@ def _check_file(path: Path, expected: dict) -> None:
 
 def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
     """Load an index dir, checking every file against index.json (``verify``)."""
-    import faiss
-
     from receipt_embed.indexing.factory import set_search_params
 
     path = Path(path)
@@ -152,16 +183,15 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
             raise IndexDirError(f"{path / META_FILE} has no entry for {name}")
         if verify:
             _check_file(path / name, files[name])
-    try:
-        index = faiss.read_index(str(path / INDEX_FILE))
-    except RuntimeError as exc:
-        raise IndexDirError(f"{path / INDEX_FILE} cannot be read by FAISS: {str(exc).strip().splitlines()[-1]}") from None
+    index = _read_faiss(path / INDEX_FILE)
+    _open_member(path / ITEMS_FILE).close()
     try:
         items = read_jsonl(path / ITEMS_FILE)
     except ValueError as exc:
         raise IndexDirError(str(exc)) from None
     try:
-        embeddings = np.load(path / EMBEDDINGS_FILE, allow_pickle=False)
+        with _open_member(path / EMBEDDINGS_FILE) as handle:
+            embeddings = np.load(handle, allow_pickle=False)
     except ValueError as exc:
         raise IndexDirError(f"{path / EMBEDDINGS_FILE} cannot be read: {exc}") from None
     count, dim = meta["count"], meta["dim"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
+from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, read_regular
 
 # float32 cosine similarities of identical vectors can land a hair under 1.0: thresholds
 # are compared with this tolerance, so T = 1 finds exact duplicates in both search modes
@@ -45,20 +46,19 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
     return path
 
 
-def check_queries(paths: list[str], max_pixels: int) -> list[str]:
-    """Every query decodes, else one error listing each bad one; returns each file's sha256."""
+def check_queries(paths: list[str], max_pixels: int, max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[str]:
+    """Every query is a regular file of at most ``max_bytes`` that decodes, else one error
+    listing each bad one (a FIFO or device is named, never opened); returns each sha256."""
     from receipt_embed.images import ImageRejected, decode_image
 
     digests, problems = [], []
     for path in paths:
         try:
-            data = Path(path).read_bytes()
+            data = read_regular(path, max_bytes)
             decode_image(data, max_pixels, name=str(path))
             digests.append(hashlib.sha256(data).hexdigest())
-        except FileNotFoundError:
-            problems.append(f"{path}: not found")
-        except IsADirectoryError:
-            problems.append(f"{path}: a directory, not an image")
+        except UnusableFile as exc:
+            problems.append(f"{path}: not found" if exc.reason == "missing_file" else str(exc))
         except ImageRejected as exc:
             problems.append(exc.detail)
     if problems:
@@ -82,7 +82,7 @@ def search_images(index_dir: IndexDir, images: list[str], registry, *, k: int = 
     from receipt_embed.embedding import embed_paths, load_model
 
     loaded = load_model(resolve_checkpoint(index_dir, checkpoint), registry)
-    digests = check_queries(images, loaded.config.ingest.max_pixels)
+    digests = check_queries(images, loaded.config.ingest.max_pixels, loaded.config.ingest.max_bytes)
     vectors = embed_paths(loaded, [str(p) for p in images], index_dir.meta["features"], batch_size=batch_size)
     sims, ids = neighbours(index_dir, vectors, k)
     results = []

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
-from receipt_embed.indexing.index_dir import IndexDirError, sha256_file
+from receipt_embed.indexing.index_dir import MAX_META_BYTES, IndexDirError, sha256_file
+from receipt_embed.userfiles import UnusableFile, check_regular, is_regular, open_regular, read_regular_text
 
 SHARD_FILE, ITEMS_FILE, EMBEDDINGS_FILE = "shard.json", "items.jsonl", "embeddings.npy"
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
@@ -50,19 +51,32 @@ def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: d
     return meta
 
 
+def _refuse(exc: UnusableFile, what: str) -> IndexDirError:
+    return IndexDirError(f"{exc}: {what}; re-run that shard")
+
+
 def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
+    """A shard dir's vectors and items, checked against shard.json (only regular files are read)."""
     path = Path(path)
-    if not (path / SHARD_FILE).is_file():
-        raise IndexDirError(f"{path / SHARD_FILE} not found: {path} is not a complete shard from `index --shard`")
     try:
-        meta = json.loads((path / SHARD_FILE).read_text(encoding="utf-8"))
+        meta = json.loads(read_regular_text(path / SHARD_FILE, MAX_META_BYTES))
         files = meta["files"]
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            raise IndexDirError(f"{path / SHARD_FILE} not found: {path} is not a complete shard from `index --shard`")
+        raise _refuse(exc, "not a shard.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise IndexDirError(f"{path / SHARD_FILE} is damaged ({exc}); re-run that shard") from None
     for name, digest in files.items():
-        if not (path / name).is_file() or sha256_file(path / name) != digest:
-            raise IndexDirError(f"{path / name} is missing or does not match {SHARD_FILE}: re-run that shard")
-    vectors = np.load(path / EMBEDDINGS_FILE, allow_pickle=False)
+        if not is_regular(path / name) or sha256_file(path / name) != digest:
+            raise IndexDirError(f"{path / name} is missing, not a regular file or does not match {SHARD_FILE}: "
+                                "re-run that shard")
+    try:
+        with open_regular(path / EMBEDDINGS_FILE, None) as handle:
+            vectors = np.load(handle, allow_pickle=False)
+        check_regular(path / ITEMS_FILE)
+    except UnusableFile as exc:
+        raise _refuse(exc, "a shard holds only the regular files `index --shard` writes") from None
     items = read_jsonl(path / ITEMS_FILE)
     if len(items) != meta["count"] or vectors.shape != (meta["count"], meta["dim"]):
         raise IndexDirError(f"{path}: {SHARD_FILE} records {meta['count']} rows, the files disagree")

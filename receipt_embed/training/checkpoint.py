@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from receipt_embed.fileio import atomic_open
+from receipt_embed.userfiles import UnusableFile, open_regular
 
 FORMAT_VERSION = 1
 # config sections that define the model's shape; a mismatch makes a checkpoint unusable
@@ -33,22 +34,32 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
         handle.write(buffer.getvalue())
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    with open(path, "rb") as handle:
-        head = handle.read(4)
-    if head[:2] != b"PK":  # torch.save writes a zip archive
-        what = "an empty file" if not head else "not a zip archive as torch.save writes"
-        raise CheckpointError(f"{path} is not a checkpoint: {what}")
+def _torch_load(path: Path, handle) -> object:
+    """``torch.load`` (weights only) from an open handle; any failure is a CheckpointError."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(handle, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for damaged archives; none may escape as a crash
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in reason or "Weights only load failed" in reason:
             reason = "it holds objects that a safe (weights_only) load refuses"
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {reason}") from None
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        handle = open_regular(path, None)  # a FIFO, device or folder is refused, never read
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            raise CheckpointError(f"checkpoint not found: {path}") from None
+        raise CheckpointError(f"{path} is not a checkpoint: {exc.detail}") from None
+    with handle:
+        head = handle.read(4)
+        if head[:2] != b"PK":  # torch.save writes a zip archive
+            what = "an empty file" if not head else "not a zip archive as torch.save writes"
+            raise CheckpointError(f"{path} is not a checkpoint: {what}")
+        handle.seek(0)
+        state = _torch_load(path, handle)
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a receipt-embed checkpoint (format version {FORMAT_VERSION})")
     return state

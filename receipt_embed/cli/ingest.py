@@ -34,8 +34,8 @@ def _ratios(ctx, param, value):
 @click.option("--strict", is_flag=True, help="Exit with code 1 when any row was rejected.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @config_options
-def ingest(source, out_dir, split_ratios, seed, max_pixels, max_bytes, allow_absolute_paths, merge_duplicates, strict, quiet,
-           config_file, overrides):
+def ingest(source, out_dir, split_ratios, seed, max_pixels, max_bytes, allow_absolute_paths, merge_duplicates, strict,
+           quiet, config_file, overrides):
     """Check every capture listed in SOURCE (a CSV/JSONL manifest, or a folder holding
     manifest.csv or manifest.jsonl) and write OUT/manifest.jsonl and OUT/ingest_report.json.
 

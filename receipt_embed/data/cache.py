@@ -37,7 +37,8 @@ def load_capture(path: str, size: tuple[int, int], max_pixels: int = DEFAULT_MAX
     (when given; hashing bytes already in memory is cheap), then decoded to ``size``."""
     data = read_regular(path, max_bytes)
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise CaptureChanged(f"{path} changed since ingest: its content (sha256) differs from manifest.jsonl; {REINGEST}")
+        raise CaptureChanged(f"{path} changed since ingest: its content (sha256) differs from manifest.jsonl; "
+                             f"{REINGEST}")
     return resize_bytes(data, size, max_pixels, name=str(path))
 
 

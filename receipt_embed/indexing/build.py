@@ -114,7 +114,8 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     with handle:
         magic = handle.read(6)
         if magic.startswith(b"PK"):
-            raise ValueError(f"{path}: expected a single .npy array, got an .npz archive (save one array with numpy.save)")
+            raise ValueError(f"{path}: expected a single .npy array, got an .npz archive "
+                             "(save one array with numpy.save)")
         if magic != b"\x93NUMPY":
             raise ValueError(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
         handle.seek(0)

@@ -63,7 +63,8 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
         files = meta["files"]
     except UnusableFile as exc:
         if exc.reason == "missing_file":
-            raise IndexDirError(f"{path / SHARD_FILE} not found: {path} is not a complete shard from `index --shard`")
+            raise IndexDirError(f"{path / SHARD_FILE} not found: {path} is not a complete shard "
+                                "from `index --shard`") from None
         raise _refuse(exc, "not a shard.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise IndexDirError(f"{path / SHARD_FILE} is damaged ({exc}); re-run that shard") from None

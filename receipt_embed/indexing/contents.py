@@ -1,0 +1,95 @@
+"""Type checks of an index dir's contents: ``index.json``, ``items.jsonl`` and ``embeddings.npy``.
+
+The checksums in index.json only prove the files match index.json; whoever edited a file
+can recompute them. So every value the code relies on is checked for its type too, and a
+wrong one is an error naming the file and the key (or row), never a crash further on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+FEATURES = (None, "backbone", "head")
+SOURCE_STRINGS = ("kind", "checkpoint", "checkpoint_sha256", "embeddings", "embeddings_sha256", "manifest",
+                  "dataset", "split")
+ITEM_STRINGS = ("path", "receipt_id")  # every item has them, as strings
+ITEM_OPTIONAL_STRINGS = ("device", "split", "sha256")
+
+
+def _kind(value) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_meta_types(meta: dict, meta_path: Path, error) -> None:
+    """Raise ``error`` naming the first key of index.json whose value has the wrong type."""
+    def bad(key: str, wanted: str):
+        value = meta
+        for part in key.split("."):
+            value = value[part]
+        return error(f"{meta_path}: {key} is {_kind(value)} ({value!r:.60}), expected {wanted}")
+
+    for key, low in (("count", 0), ("dim", 1)):
+        if not _is_int(meta[key]) or meta[key] < low:
+            raise bad(key, f"an integer >= {low}")
+    if "format_version" in meta and not _is_int(meta["format_version"]):
+        raise bad("format_version", "an integer")
+    for key in ("factory", "metric"):
+        if key in meta and not isinstance(meta[key], str):
+            raise bad(key, "a string")
+    if meta.get("search_params") is not None and not isinstance(meta["search_params"], str):
+        raise bad("search_params", 'a string such as "nprobe=16"')
+    if meta.get("features") not in FEATURES:
+        raise bad("features", "null, \"backbone\" or \"head\"")
+    _check_files_entry(meta, bad)
+    for key in SOURCE_STRINGS:
+        if key in meta["source"] and not isinstance(meta["source"][key], str):
+            raise bad(f"source.{key}", "a string")
+    if meta["source"].get("dataset_sha256") is not None and not isinstance(meta["source"]["dataset_sha256"], str):
+        raise bad("source.dataset_sha256", "a string or null")
+
+
+def _check_files_entry(meta: dict, bad) -> None:
+    files = meta["files"]
+    if not isinstance(files, dict):
+        raise bad("files", "an object of {sha256, bytes} by file name")
+    for name, entry in files.items():
+        if not isinstance(entry, dict) or "sha256" not in entry or "bytes" not in entry:
+            raise bad(f"files.{name}", "an object {sha256, bytes}")
+        if not isinstance(entry["sha256"], str):
+            raise bad(f"files.{name}.sha256", "a hex string")
+        if not _is_int(entry["bytes"]) or entry["bytes"] < 0:
+            raise bad(f"files.{name}.bytes", "an integer >= 0")
+
+
+def check_items(items: list, items_path: Path, error) -> None:
+    """Each row a JSON object with string path and receipt_id (and string device/split/sha256 when given)."""
+    for row, item in enumerate(items):
+        where = f"{items_path}, row {row} (0-based)"
+        if not isinstance(item, dict):
+            raise error(f"{where} is {_kind(item)}, not a JSON object")
+        for key in ITEM_STRINGS:
+            if key not in item:
+                raise error(f"{where} lacks {key!r}")
+        for key in (*ITEM_STRINGS, *ITEM_OPTIONAL_STRINGS):
+            if key in item and not isinstance(item[key], str) and not (key in ITEM_OPTIONAL_STRINGS and item[key] is None):
+                raise error(f"{where}: {key} is {_kind(item[key])} ({item[key]!r:.60}), expected a string")
+
+
+def check_embeddings(embeddings: np.ndarray, embeddings_path: Path, error) -> None:
+    """float32, 2-D and finite, as ``receipt-embed index`` writes them."""
+    dtype = embeddings.dtype
+    if dtype.fields is not None or dtype != np.float32:
+        kind = "structured" if dtype.fields is not None else dtype.name
+        raise error(f"{embeddings_path} holds {kind} values (dtype {dtype.str}); an index dir stores float32")
+    if embeddings.ndim != 2:
+        raise error(f"{embeddings_path} has shape {embeddings.shape}; an index dir stores a 2-D (items x dim) array")
+    finite = np.isfinite(embeddings).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise error(f"{embeddings_path}: row {bad[0]} (0-based) holds NaN or Inf ({len(bad)} such rows)")

@@ -10,6 +10,7 @@ import numpy as np
 from receipt_embed import __version__
 from receipt_embed.audit.checks import AuditContext, run_checks
 from receipt_embed.audit.figures import FlagRule, audit_figures
+from receipt_embed.display import printable
 from receipt_embed.fileio import atomic_write_json, atomic_write_text
 
 AUDIT_JSON, AUDIT_HTML = "audit.json", "audit.html"
@@ -128,6 +129,8 @@ def _num(value, digits=3):
 
 
 def verdict_lines(figures: dict) -> list[str]:
+    """The verdict, one finding a line; names and texts from files or plugins are escaped so
+    none can add a line of its own (or a terminal control sequence)."""
     lines = []
     for name in figures["flagged"]:
         lines.append(f"SHORTCUT: {name} ({'; '.join(figures['shortcuts'][name]['reasons'])})")
@@ -147,13 +150,13 @@ def verdict_lines(figures: dict) -> list[str]:
     for name, result in figures.get("checks", {}).items():
         if "error" in result:
             lines.append(f"check {name} ({result['plugin']}) failed: {result['error']}")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def summary(figures: dict) -> str:
     """A few lines for the terminal: the verdict first."""
     retrieval = figures["retrieval"]
-    lines = verdict_lines(figures)
+    lines = []
     lines.append(f"retrieval over {retrieval['n_queries']} queries: recall@1 {_num(retrieval['recall_at_1'])}, "
                  f"recall@5 {_num(retrieval['recall_at_5'])}, recall@10 {_num(retrieval['recall_at_10'])}, "
                  f"mAP {_num(retrieval['map'])}")
@@ -169,4 +172,4 @@ def summary(figures: dict) -> str:
     for name, result in figures.get("checks", {}).items():
         if result["summary"] and name not in figures.get("flagged_checks", []):
             lines.append(f"check {name}: {result['summary']}")
-    return "\n".join(lines)
+    return "\n".join([*verdict_lines(figures), *(printable(line) for line in lines)])

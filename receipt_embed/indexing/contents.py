@@ -77,7 +77,8 @@ def check_items(items: list, items_path: Path, error) -> None:
             if key not in item:
                 raise error(f"{where} lacks {key!r}")
         for key in (*ITEM_STRINGS, *ITEM_OPTIONAL_STRINGS):
-            if key in item and not isinstance(item[key], str) and not (key in ITEM_OPTIONAL_STRINGS and item[key] is None):
+            optional_none = key in ITEM_OPTIONAL_STRINGS and item.get(key, "") is None
+            if key in item and not isinstance(item[key], str) and not optional_none:
                 raise error(f"{where}: {key} is {_kind(item[key])} ({item[key]!r:.60}), expected a string")
 
 

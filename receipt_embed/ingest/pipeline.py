@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from receipt_embed.config import IngestConfig, load_config
+from receipt_embed.display import printable
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl
 from receipt_embed.images import ImageRejected, decode_image
 from receipt_embed.ingest.duplicates import resolve_duplicates
@@ -56,7 +57,7 @@ class IngestResult:
         )
         dup = self.report["exact_duplicates"]
         lines = [
-            f"Read {c['rows']} rows from {self.report['source']}",
+            f"Read {c['rows']} rows from {printable(self.report['source'])}",
             f"  accepted {c['accepted']}, rejected {c['rejected']}{reason_text}, "
             f"merged exact duplicates {c['merged_duplicates']}",
             f"  {c['identities']} identities, {len(self.report['per_device'])} devices",
@@ -65,7 +66,7 @@ class IngestResult:
         if dup["conflicts"]:
             verdict = "joined" if dup["joined_identities"] else "kept and flagged (see --merge-duplicates)"
             lines.append(f"  {len(dup['conflicts'])} identical file(s) under different receipt_ids: {verdict}")
-        lines.append(f"Wrote {self.out_dir / MANIFEST_FILE} and {self.out_dir / REPORT_FILE}")
+        lines.append(f"Wrote {printable(self.out_dir / MANIFEST_FILE)} and {printable(self.out_dir / REPORT_FILE)}")
         return "\n".join(lines)
 
 

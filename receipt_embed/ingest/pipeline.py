@@ -230,7 +230,8 @@ def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | Non
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = _report(manifest_path, len(rows), ordered, rejected, duplicates, settings)
+    # the absolute manifest path: audits confine thumbnail reads to its folder
+    report = _report(root / manifest_path.name, len(rows), ordered, rejected, duplicates, settings)
     atomic_write_jsonl(out_dir / MANIFEST_FILE, ordered)
     atomic_write_json(out_dir / REPORT_FILE, report)
     return IngestResult(out_dir, ordered, report, report["rejected"])

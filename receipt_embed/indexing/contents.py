@@ -19,7 +19,10 @@ ITEM_OPTIONAL_STRINGS = ("device", "split", "sha256")
 
 
 def _kind(value) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
+    if value is None:
+        return "null"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _is_int(value) -> bool:
@@ -28,43 +31,43 @@ def _is_int(value) -> bool:
 
 def check_meta_types(meta: dict, meta_path: Path, error) -> None:
     """Raise ``error`` naming the first key of index.json whose value has the wrong type."""
-    def bad(key: str, wanted: str):
+    def bad(*keys: str, wanted: str):
         value = meta
-        for part in key.split("."):
-            value = value[part]
-        return error(f"{meta_path}: {key} is {_kind(value)} ({value!r:.60}), expected {wanted}")
+        for key in keys:
+            value = value[key]
+        return error(f"{meta_path}: {'.'.join(keys)} is {_kind(value)} ({value!r:.60}), expected {wanted}")
 
     for key, low in (("count", 0), ("dim", 1)):
         if not _is_int(meta[key]) or meta[key] < low:
-            raise bad(key, f"an integer >= {low}")
+            raise bad(key, wanted=f"an integer >= {low}")
     if "format_version" in meta and not _is_int(meta["format_version"]):
-        raise bad("format_version", "an integer")
+        raise bad("format_version", wanted="an integer")
     for key in ("factory", "metric"):
         if key in meta and not isinstance(meta[key], str):
-            raise bad(key, "a string")
+            raise bad(key, wanted="a string")
     if meta.get("search_params") is not None and not isinstance(meta["search_params"], str):
-        raise bad("search_params", 'a string such as "nprobe=16"')
+        raise bad("search_params", wanted='a string such as "nprobe=16"')
     if meta.get("features") not in FEATURES:
-        raise bad("features", "null, \"backbone\" or \"head\"")
+        raise bad("features", wanted='null, "backbone" or "head"')
     _check_files_entry(meta, bad)
     for key in SOURCE_STRINGS:
         if key in meta["source"] and not isinstance(meta["source"][key], str):
-            raise bad(f"source.{key}", "a string")
+            raise bad("source", key, wanted="a string")
     if meta["source"].get("dataset_sha256") is not None and not isinstance(meta["source"]["dataset_sha256"], str):
-        raise bad("source.dataset_sha256", "a string or null")
+        raise bad("source", "dataset_sha256", wanted="a string or null")
 
 
 def _check_files_entry(meta: dict, bad) -> None:
     files = meta["files"]
     if not isinstance(files, dict):
-        raise bad("files", "an object of {sha256, bytes} by file name")
+        raise bad("files", wanted="an object of {sha256, bytes} by file name")
     for name, entry in files.items():
         if not isinstance(entry, dict) or "sha256" not in entry or "bytes" not in entry:
-            raise bad(f"files.{name}", "an object {sha256, bytes}")
+            raise bad("files", name, wanted="an object {sha256, bytes}")
         if not isinstance(entry["sha256"], str):
-            raise bad(f"files.{name}.sha256", "a hex string")
+            raise bad("files", name, "sha256", wanted="a hex string")
         if not _is_int(entry["bytes"]) or entry["bytes"] < 0:
-            raise bad(f"files.{name}.bytes", "an integer >= 0")
+            raise bad("files", name, "bytes", wanted="an integer >= 0")
 
 
 def check_items(items: list, items_path: Path, error) -> None:

@@ -190,3 +190,16 @@ def test_library_calls_import_no_plugins_folder_unless_given(tmp_path):
     result = run_cli("plugins", cwd=tmp_path)  # the CLI's documented default: ./plugins
     assert result.returncode == 0, result.stderr
     assert "evil" in result.stdout and (tmp_path / "MARKER").exists()
+
+
+def test_an_older_report_with_the_manifest_path_as_typed_still_finds_the_captures(trained, tmp_path):
+    from receipt_embed.audit.confine import recorded_roots
+
+    dataset = tmp_path / "dataset"
+    shutil.copytree(trained / "dataset", dataset)
+    report = json.loads((dataset / "ingest_report.json").read_text())
+    meta = {"source": {"kind": "checkpoint", "dataset": str(dataset)}}
+    for typed, root in (("data_samples/manifest.csv", (REPO / "data_samples").resolve()), ("manifest.csv", None),
+                        ("../x/manifest.csv", None), ("elsewhere/manifest.csv", None)):
+        (dataset / "ingest_report.json").write_text(json.dumps({**report, "source": typed}))
+        assert recorded_roots(meta) == ([root] if root else []), typed

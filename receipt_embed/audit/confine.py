@@ -29,9 +29,33 @@ def _capture_folder(folder: Path) -> Path | None:
     except (OSError, ValueError):
         return None
     source = report.get("source") if isinstance(report, dict) else None
-    if not isinstance(source, str) or not Path(source).is_absolute():
-        return None  # an older report may hold the path as typed; its folder cannot be known
-    return Path(source).parent
+    if not isinstance(source, str) or not source:
+        return None
+    if Path(source).is_absolute():
+        return Path(source).parent
+    return _folder_of_relative_source(folder, Path(source).parent)
+
+
+def _folder_of_relative_source(folder: Path, typed: Path) -> Path | None:
+    """Older reports hold the manifest path as typed (``data_samples/manifest.csv``). Every
+    capture of the dataset lies under that folder, resolved: the deepest ancestor of the
+    first capture whose trailing names are the typed ones, if every capture is under it."""
+    from receipt_embed.fileio import read_jsonl
+
+    names = typed.parts
+    if not names or any(name in ("..", ".") for name in names):
+        return None  # the folder ingest ran in is not recorded
+    try:
+        paths = [row.get("path") for row in read_jsonl(folder / "manifest.jsonl") if isinstance(row, dict)]
+    except (OSError, ValueError):
+        return None
+    if not paths or not all(isinstance(path, str) and Path(path).is_absolute() for path in paths):
+        return None
+    candidates = [parent for parent in Path(paths[0]).parents if parent.parts[-len(names):] == names]
+    if not candidates:
+        return None
+    root = candidates[0]
+    return root if all(Path(path).is_relative_to(root) for path in paths) else None
 
 
 def recorded_roots(meta: dict) -> list[Path]:

@@ -38,7 +38,7 @@ def outside(trained):
     folder = trained / "outside"
     folder.mkdir()
     shutil.copy(REPO / "data_samples" / "images" / "r0000_phone_a.jpg", folder / "private.jpg")
-    (folder / "passwd").write_bytes(SECRET)
+    (folder / "pass\x1b[2J\nwd").write_bytes(SECRET)
     return folder
 
 
@@ -47,7 +47,8 @@ def hostile_index(trained, outside, tmp_path_factory):
     """The index with every item pointing outside (half at the image, half at the text
     file), index.json's checksums recomputed as an attacker would."""
     index = copy_index(trained / "index", tmp_path_factory.mktemp("hostile") / "index")
-    rewrite_items(index, lambda row, item: {**item, "path": str(outside / ("private.jpg" if row % 2 else "passwd"))})
+    names = ("pass\x1b[2J\nwd", "private.jpg")
+    rewrite_items(index, lambda row, item: {**item, "path": str(outside / names[row % 2])})
     return index
 
 
@@ -62,6 +63,7 @@ def test_outside_paths_are_refused_named_and_never_embedded(hostile_index, outsi
     assert result.returncode == 0, result.stderr
     warning = [line for line in result.stderr.splitlines() if "outside the dataset's capture folders" in line]
     assert len(warning) == 1 and "--images-root" in warning[0] and str(outside) in warning[0]
+    assert "\x1b" not in result.stderr
     refused = json.loads((tmp_path / "report" / "audit.json").read_text())["gallery_refused"]
     assert refused > 0 and warning[0].startswith(f"Warning: {refused} gallery image(s)")
     html = (tmp_path / "report" / "audit.html").read_text()
@@ -182,8 +184,10 @@ def test_library_calls_import_no_plugins_folder_unless_given(tmp_path):
     assert result.stdout.startswith("True") and "evil" not in result.stdout
     assert not (tmp_path / "MARKER").exists()
 
-    code = f"import receipt_embed; print(sorted(receipt_embed.get_registry(plugins_dir={str(tmp_path / 'plugins')!r}).plugins))"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    code = ("import receipt_embed; "
+            f"print(sorted(receipt_embed.get_registry(plugins_dir={str(tmp_path / 'plugins')!r}).plugins))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0 and "evil" in result.stdout and (tmp_path / "MARKER").exists()
     (tmp_path / "MARKER").unlink()
 

@@ -83,3 +83,10 @@ def test_audit_verdict_lines_are_one_line_each():
     lines = verdict_lines(figures)
     assert lines == ["SHORTCUT: dev\\nice (lift\\x1b[2J)",
                      "CHECK hub (evil\\nplugin): fine\\nNo shortcut flagged for device"]
+
+
+def test_cli_warnings_print_escaped_one_line(capsys):
+    from receipt_embed.cli import _show_warning
+
+    _show_warning(UserWarning("gallery image row 3: /data/x\n  DUPLICATE\x1b[2J"), UserWarning, "file.py", 1)
+    assert capsys.readouterr().err == "Warning: gallery image row 3: /data/x\\n  DUPLICATE\\x1b[2J\n"

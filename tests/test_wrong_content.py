@@ -142,7 +142,8 @@ CHECKPOINTS = {
     "a weight a list": (lambda s: s["model"].update({_first_weight(s): [1.0]}), "is a list, not a tensor"),
     "a weight of another shape": (_reshape_first, "the architecture needs ("),
     "a missing weight": (lambda s: s["model"].pop(_first_weight(s)), "is missing; the checkpoint is from another"),
-    "an extra weight": (lambda s: s["model"].update(extra=torch.zeros(1)), "model.extra is not part of the architecture"),
+    "an extra weight": (lambda s: s["model"].update(extra=torch.zeros(1)),
+                        "model.extra is not part of the architecture"),
     "config value of a wrong type": (lambda s: s["config"]["model"].update(head_dim="big"), "config.model.head_dim"),
 }
 
@@ -222,3 +223,46 @@ def test_literal_text_is_never_mathtext():
         fig.canvas.draw()  # bad mathtext would raise here
         assert label._preprocess_math(label.get_text()) == (text, False)
         plt.close(fig)
+
+
+# ---- shards -----------------------------------------------------------------------------
+
+def _shards(base):
+    from receipt_embed.indexing.shards import write_shard
+
+    rng = np.random.default_rng(2)
+    source = {"kind": "checkpoint", "checkpoint": "/x/best.pt", "checkpoint_sha256": "0" * 64, "dataset": "/x/data",
+              "dataset_sha256": None, "split": "all", "features": "backbone", "total": 8}
+    for shard in (0, 1):
+        items = [{"path": f"/x/{shard}-{i}.jpg", "receipt_id": f"r{i}", "device": "d", "split": "train"}
+                 for i in range(4)]
+        write_shard(base / f"s{shard}", rng.normal(size=(4, 6)).astype(np.float32), items,
+                    {**source, "shard": shard, "shards": 2, "rows": [4 * shard, 4 * shard + 4]})
+    return [base / "s0", base / "s1"]
+
+
+def _edit_shard(shard, change):
+    meta = json.loads((shard / "shard.json").read_text())
+    change(meta)
+    (shard / "shard.json").write_text(json.dumps(meta))
+
+
+def _shard_items(shard, change):
+    from receipt_embed.indexing.index_dir import sha256_file
+
+    (shard / "items.jsonl").write_text(change((shard / "items.jsonl").read_text()))
+    _edit_shard(shard, lambda meta: meta["files"].update({"items.jsonl": sha256_file(shard / "items.jsonl")}))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda s: _edit_shard(s, lambda m: m.update(files=["embeddings.npy"])), "shard.json: files is a list"),
+    (lambda s: _edit_shard(s, lambda m: m.update(shard="1")), "shard.json: shard is a str"),
+    (lambda s: _edit_shard(s, lambda m: m.pop("total")), "shard.json lacks 'total'"),
+    (lambda s: _shard_items(s, lambda text: text.replace('"r1"', "1")), "items.jsonl, row 1 (0-based): receipt_id"),
+], ids=["files a list", "shard a string", "no total", "receipt_id a number"])
+def test_index_merge_names_edited_shards(tmp_path, change, message):
+    shards = _shards(tmp_path)
+    change(shards[1])
+    result = run_cli("index-merge", *shards, "--out", tmp_path / "merged", "-q")
+    _one_clean_error(result, str(shards[1]), message)
+    assert not (tmp_path / "merged").exists()

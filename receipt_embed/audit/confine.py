@@ -104,10 +104,8 @@ class ImageRoots:
         """One line for all refusals, naming the first, or None when nothing was refused."""
         if not self.refused:
             return None
-        from receipt_embed.display import printable
-
-        row, path = self.refused[0]
-        where = ", ".join(printable(root) for root in self.roots) or "none recorded in index.json"
+        row, path = self.refused[0]  # the CLI prints warnings escaped
+        where = ", ".join(str(root) for root in self.roots) or "none recorded in index.json"
         more = f" and {len(self.refused) - 1} more" if len(self.refused) > 1 else ""
         return (f"{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
-                f"(row {row}: {printable(path)}{more}); allowed: {where}; pass --images-root DIR to allow another folder")
+                f"(row {row}: {path}{more}); allowed: {where}; pass --images-root DIR to allow another folder")

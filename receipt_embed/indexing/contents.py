@@ -70,6 +70,29 @@ def _check_files_entry(meta: dict, bad) -> None:
             raise bad("files", name, "bytes", wanted="an integer >= 0")
 
 
+SHARD_INTS = ("count", "dim", "shard", "shards", "total")
+SHARD_STRINGS = ("checkpoint", "checkpoint_sha256", "dataset", "split")
+
+
+def check_shard_meta(meta, shard_path: Path, error) -> None:
+    """shard.json: what index-merge reads, by type (files: {name: sha256})."""
+    if not isinstance(meta, dict):
+        raise error(f"{shard_path} holds {_kind(meta)}, not the object `index --shard` writes; re-run that shard")
+    for key in (*SHARD_INTS, *SHARD_STRINGS, "files"):
+        if key not in meta:
+            raise error(f"{shard_path} lacks {key!r}; re-run that shard")
+    wrong = next((key for key in SHARD_INTS if not _is_int(meta[key]) or meta[key] < 0), None)
+    wrong = wrong or next((key for key in SHARD_STRINGS if not isinstance(meta[key], str)), None)
+    if wrong:
+        raise error(f"{shard_path}: {wrong} is {_kind(meta[wrong])} ({meta[wrong]!r:.60}), expected "
+                    f"{'an integer >= 0' if wrong in SHARD_INTS else 'a string'}")
+    if meta.get("features") not in FEATURES:
+        raise error(f"{shard_path}: features is {meta['features']!r:.60}, expected null, \"backbone\" or \"head\"")
+    files = meta["files"]
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise error(f"{shard_path}: files is {_kind(files)}, expected an object of sha256 strings by file name")
+
+
 def check_items(items: list, items_path: Path, error) -> None:
     """Each row a JSON object with string path and receipt_id (and string device/split/sha256 when given)."""
     for row, item in enumerate(items):

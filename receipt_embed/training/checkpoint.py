@@ -55,8 +55,12 @@ def load_checkpoint(path: str | Path) -> dict:
     return state
 
 
+def _article(name: str) -> str:
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
 def _type_name(value) -> str:
-    return "a tensor" if torch.is_tensor(value) else f"a {type(value).__name__}"
+    return "a tensor" if torch.is_tensor(value) else _article(type(value).__name__)
 
 
 def _check_tensor_dict(value, key: str, path) -> None:
@@ -92,7 +96,8 @@ def check_resumable(state: dict, path) -> None:
             raise CheckpointError(f"{path} lacks {key!r}, which --resume needs")
         value = state[key]
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise CheckpointError(f"{path}: {key} is {_type_name(value)}, --resume needs a {kind.__name__}")
+            wanted = "a tensor" if kind is torch.Tensor else _article(kind.__name__)
+            raise CheckpointError(f"{path}: {key} is {_type_name(value)}, --resume needs {wanted}")
     if state.get("best") is not None and not isinstance(state["best"], dict):
         raise CheckpointError(f"{path}: best is {_type_name(state['best'])}, not a dict or None")
     if "momentum_model" in state:

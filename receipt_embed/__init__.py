@@ -12,12 +12,15 @@ __all__ = ["__version__", "create_loss", "get_registry"]
 
 
 def get_registry(**kwargs):
-    """Return the component registry (built-ins, entry points, plugins folder)."""
+    """Return the component registry: built-ins, entry points, and the plugins folder passed
+    as ``plugins_dir=`` (none unless given: importing code from the current directory is the
+    CLI's documented default, not the library's)."""
     from receipt_embed.plugin_manager import get_registry as _get_registry
 
     return _get_registry(**kwargs)
 
 
-def create_loss(name: str, **params):
-    """Build the loss registered as ``name``; call it as ``loss(embeddings, labels)``."""
-    return get_registry().create("loss", name, **params)
+def create_loss(name: str, plugins_dir=None, **params):
+    """Build the loss registered as ``name``; call it as ``loss(embeddings, labels)``.
+    A loss from a plugins folder needs that folder as ``plugins_dir``."""
+    return get_registry(plugins_dir=plugins_dir).create("loss", name, **params)

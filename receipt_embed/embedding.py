@@ -19,7 +19,7 @@ from receipt_embed.config import Config
 from receipt_embed.data.cache import ImageCache, cache_size
 from receipt_embed.data.views import clean_batches
 from receipt_embed.models.embedder import Embedder
-from receipt_embed.training.checkpoint import load_checkpoint
+from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint, load_weights
 
 FEATURES = ("backbone", "head")
 
@@ -32,22 +32,29 @@ class LoadedModel:
 
 
 def load_model(checkpoint: str | Path, registry) -> LoadedModel:
-    """Rebuild the model a checkpoint was trained with (its own resolved config)."""
-    from receipt_embed.training.trainer import build_model
+    """Rebuild the model a checkpoint was trained with (its own resolved config), with the
+    checkpoint's weights only: ``model.pretrained`` is never downloaded or read."""
+    from pydantic import ValidationError
 
     from receipt_embed.registry import ComponentError
+    from receipt_embed.training.trainer import build_model
 
     state = load_checkpoint(checkpoint)
-    config = Config.model_validate(state["config"])
     try:
-        model = build_model(config, registry)
+        config = Config.model_validate(state["config"])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise CheckpointError(f"{checkpoint}: config.{where}: {first['msg']}") from None
+    try:
+        model = build_model(config, registry, from_checkpoint=True)
     except ComponentError as exc:
         if config.plugins.dir and str(exc).startswith("unknown "):
             # never loaded automatically: that would run code named by a data file
             raise ComponentError(f"{exc} {checkpoint} was trained with plugins from {config.plugins.dir}: "
                                  f"run `receipt-embed --plugins-dir {config.plugins.dir} ...`") from None
         raise
-    model.load_state_dict(state["model"])
+    load_weights(model, state["model"], checkpoint)
     model.eval()
     return LoadedModel(model, config, Path(checkpoint))
 

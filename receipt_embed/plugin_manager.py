@@ -273,33 +273,39 @@ def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> 
 
 
 def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
+    """The folder the CLI loads: the one named, else ``./plugins``."""
     return Path(plugins_dir if plugins_dir is not None else DEFAULT_PLUGINS_DIR).resolve()
 
 
 @functools.lru_cache(maxsize=8)
-def _load(plugins_dir: Path, strict: bool, disabled: frozenset[str], dir_required: bool) -> tuple[pluggy.PluginManager, Registry]:
+def _load(plugins_dir: Path | None, strict: bool, disabled: frozenset[str], dir_required: bool) -> tuple[pluggy.PluginManager, Registry]:
     loader = PluginLoader(strict=strict)
     loader.load_builtins()
     loader.load_entry_points()
-    loader.load_folder(plugins_dir, required=dir_required)
+    if plugins_dir is not None:
+        loader.load_folder(plugins_dir, required=dir_required)
     loader.collect_components()
     loader.warn_unknown_disabled()
     loader.registry.blocked = sorted(loader.blocked_seen)
     return loader.pm, loader.registry
 
 
-def _cached(plugins_dir, strict: bool):
-    return _load(resolve_plugins_dir(plugins_dir), strict, frozenset(disabled_plugins()), plugins_dir is not None)
+def _cached(plugins_dir, strict: bool, dir_required: bool | None):
+    folder = Path(plugins_dir).resolve() if plugins_dir is not None else None
+    required = folder is not None if dir_required is None else dir_required
+    return _load(folder, strict, frozenset(disabled_plugins()), required)
 
 
-def get_plugin_manager(plugins_dir=None, strict: bool = False) -> pluggy.PluginManager:
+def get_plugin_manager(plugins_dir=None, strict: bool = False, dir_required: bool | None = None) -> pluggy.PluginManager:
     """The pluggy manager with every plugin loaded (cached per process)."""
-    return _cached(plugins_dir, strict)[0]
+    return _cached(plugins_dir, strict, dir_required)[0]
 
 
-def get_registry(plugins_dir=None, strict: bool = False) -> Registry:
+def get_registry(plugins_dir=None, strict: bool = False, dir_required: bool | None = None) -> Registry:
     """The registry of components from every loaded plugin (cached per process).
 
-    ``plugins_dir`` None means ``./plugins`` if it exists; a folder given explicitly that
-    does not exist gets a warning."""
-    return _cached(plugins_dir, strict)[1]
+    Only a ``plugins_dir`` given is imported: library code never runs ``*.py`` files that
+    happen to lie in the current directory (the CLI passes ``./plugins`` itself). A folder
+    given that does not exist gets a warning, unless ``dir_required`` is False (the CLI's
+    default folder may be absent)."""
+    return _cached(plugins_dir, strict, dir_required)[1]

@@ -26,6 +26,12 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def literal(text) -> str:
+    """Text drawn as written: matplotlib reads a pair of ``$`` as mathtext (and raises at
+    draw time on bad mathtext), so every ``$`` in a value from a manifest is escaped."""
+    return str(text).replace("$", r"\$")
+
+
 def _figure(width=6.0, height=3.6):
     import matplotlib
 
@@ -47,14 +53,14 @@ def similarity_histogram(x: np.ndarray, labels: np.ndarray, values: np.ndarray, 
     fig, ax = _figure()
     for kind, name, colour in (
         ("positive", "positives (same receipt)", "tab:green"),
-        ("same_attr_negative", f"negatives, same {attribute}", "tab:red"),
-        ("cross_attr_negative", f"negatives, other {attribute}", "tab:blue"),
+        ("same_attr_negative", f"negatives, same {literal(attribute)}", "tab:red"),
+        ("cross_attr_negative", f"negatives, other {literal(attribute)}", "tab:blue"),
     ):
         if pairs[kind].size:
             ax.hist(pairs[kind], bins=bins, density=True, histtype="stepfilled", alpha=0.4, color=colour, label=name)
     ax.set_xlabel("cosine similarity")
     ax.set_ylabel("density")
-    ax.set_title(f"Similarity of pairs, split by {attribute}")
+    ax.set_title(f"Similarity of pairs, split by {literal(attribute)}")
     ax.legend(fontsize=8)
     return _png(fig)
 
@@ -66,7 +72,8 @@ def agreement_bars(shortcuts: dict) -> str:
     positions = np.arange(len(names))
     ax.bar(positions - 0.2, [shortcuts[n]["knn_agreement"] for n in names], 0.4, label="kNN agreement", color="tab:red")
     ax.bar(positions + 0.2, [shortcuts[n]["base_rate"] for n in names], 0.4, label="chance", color="tab:gray")
-    ax.set_xticks(positions, [f"{n}\nlift {shortcuts[n]['lift']:.2f}" if shortcuts[n]["lift"] else n for n in names])
+    ax.set_xticks(positions, [f"{literal(n)}\nlift {shortcuts[n]['lift']:.2f}" if shortcuts[n]["lift"] else literal(n)
+                              for n in names])
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of other-receipt neighbours\nwith the same value")
     ax.legend(fontsize=8)
@@ -98,9 +105,9 @@ def projection(x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: 
     else:
         for k, value in enumerate(sorted(set(colours.tolist()))[:20]):
             mask = colours == value
-            ax.scatter(points[mask, 0], points[mask, 1], s=8, color=f"C{k % 10}", label=str(value)[:24])
+            ax.scatter(points[mask, 0], points[mask, 1], s=8, color=f"C{k % 10}", label=literal(str(value)[:24]))
         ax.legend(fontsize=7, markerscale=1.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    ax.set_title(title)
+    ax.set_title(literal(title))
     ax.set_xlabel(f"PC 1 ({100 * share[0]:.0f}% of variance)")
     ax.set_ylabel(f"PC 2 ({100 * share[1]:.0f}% of variance)")
     ax.set_xticks([])

@@ -9,7 +9,9 @@ import numpy as np
 
 from receipt_embed import __version__
 from receipt_embed.audit.checks import AuditContext, run_checks
+from receipt_embed.audit.confine import ImageRoots
 from receipt_embed.audit.figures import FlagRule, audit_figures
+from receipt_embed.display import printable
 from receipt_embed.fileio import atomic_write_json, atomic_write_text
 
 AUDIT_JSON, AUDIT_HTML = "audit.json", "audit.html"
@@ -41,13 +43,16 @@ def json_safe(value):
     return value
 
 
-def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int) -> list[dict]:
+def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, roots) -> list[dict]:
+    """The worst failures with thumbnails; only captures ``roots`` (an ImageRoots) allow are read."""
     from receipt_embed.audit.report import thumbnail, worst_failures
 
     def card(row: int) -> dict:
         item = index_dir.items[row]
+        allowed = roots.check(row, item.get("path"))
         return {"row": row, "receipt_id": item.get("receipt_id"), "path": item.get("path"),
-                "thumbnail": thumbnail(item.get("path")), **{a: item.get(a) for a in attributes}}
+                "thumbnail": thumbnail(item.get("path")) if allowed else None, "refused": not allowed,
+                **{a: item.get(a) for a in attributes}}
 
     failures = worst_failures(index_dir.embeddings, labels, count)
     return [{**f, "query_item": card(f["query"]), "wrong_item": card(f["wrong"]), "positive_item": card(f["positive"])}
@@ -57,11 +62,12 @@ def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int) -
 def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *, k: int = 10,
               rule: FlagRule = FlagRule(), gallery: int = 8, context: tuple[str, ...] = (),
               registry=None, skip_checks=frozenset(), check_params: dict | None = None,
-              log=lambda message: None) -> dict:
+              images_roots=(), log=lambda message: None) -> dict:
     """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures.
 
     With a plugin ``registry``, its audit checks (``register_audit_checks``) run too, but those
-    in ``skip_checks``; ``check_params`` (by check name) go to their factories."""
+    in ``skip_checks``; ``check_params`` (by check name) go to their factories. Thumbnails are
+    read only from the dataset's capture folders and ``images_roots`` (see audit.confine)."""
     import warnings
 
     from receipt_embed.audit import report
@@ -109,12 +115,17 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
             },
             "checks": check_plots,
         }
+    roots = ImageRoots.for_index(meta, images_roots)
+    gallery_cards = _gallery(index_dir, labels, attributes, gallery, roots)
+    figures["gallery_refused"] = len(roots.refused)
+    if roots.warning():
+        warnings.warn(roots.warning())
     source = meta["source"]
     source_text = (f"checkpoint {source.get('checkpoint')}" if source.get("kind") == "checkpoint"
                    else f"external embeddings {source.get('embeddings')}")
     html = report.render_html({
         "figures": figures, "plots": plots, "attributes": attributes, "verdict": verdict_lines(figures),
-        "gallery": _gallery(index_dir, labels, attributes, gallery), "gallery_size": gallery,
+        "gallery": gallery_cards, "gallery_size": gallery,
         "index": {**figures["index"], "source": source_text}, "max_projected": report.MAX_PROJECTED,
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "version": __version__,
     })
@@ -128,6 +139,8 @@ def _num(value, digits=3):
 
 
 def verdict_lines(figures: dict) -> list[str]:
+    """The verdict, one finding a line; names and texts from files or plugins are escaped so
+    none can add a line of its own (or a terminal control sequence)."""
     lines = []
     for name in figures["flagged"]:
         lines.append(f"SHORTCUT: {name} ({'; '.join(figures['shortcuts'][name]['reasons'])})")
@@ -147,13 +160,13 @@ def verdict_lines(figures: dict) -> list[str]:
     for name, result in figures.get("checks", {}).items():
         if "error" in result:
             lines.append(f"check {name} ({result['plugin']}) failed: {result['error']}")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def summary(figures: dict) -> str:
     """A few lines for the terminal: the verdict first."""
     retrieval = figures["retrieval"]
-    lines = verdict_lines(figures)
+    lines = []
     lines.append(f"retrieval over {retrieval['n_queries']} queries: recall@1 {_num(retrieval['recall_at_1'])}, "
                  f"recall@5 {_num(retrieval['recall_at_5'])}, recall@10 {_num(retrieval['recall_at_10'])}, "
                  f"mAP {_num(retrieval['map'])}")
@@ -169,4 +182,4 @@ def summary(figures: dict) -> str:
     for name, result in figures.get("checks", {}).items():
         if result["summary"] and name not in figures.get("flagged_checks", []):
             lines.append(f"check {name}: {result['summary']}")
-    return "\n".join(lines)
+    return "\n".join([*verdict_lines(figures), *(printable(line) for line in lines)])

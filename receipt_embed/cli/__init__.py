@@ -64,8 +64,11 @@ class LazyGroup(click.Group):
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    """Warnings on the command line read as messages, not as source locations."""
-    click.echo(f"Warning: {message}", err=True)
+    """Warnings on the command line read as messages, not as source locations; they often
+    quote values from files or plugins, so those print escaped, one warning a line."""
+    from receipt_embed.display import printable
+
+    click.echo(f"Warning: {printable(message)}", err=True)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

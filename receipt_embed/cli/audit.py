@@ -35,9 +35,12 @@ from receipt_embed.cli.options import InputError, load_registry
               help="Do not run this plugin audit check (repeatable; `receipt-embed plugins` lists them).")
 @click.option("--check-set", "check_settings", multiple=True, metavar="NAME.KEY=VALUE",
               help="A parameter for a plugin audit check, e.g. hubness.max_skewness=5 (repeatable).")
+@click.option("--images-root", "images_roots", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Folder the gallery may read thumbnails from besides the dataset's capture folders "
+                   "(repeatable); images anywhere else are not read.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z, max_probe_gain, gallery,
-                    fail_on_shortcut, skip_checks, check_settings, quiet):
+                    fail_on_shortcut, skip_checks, check_settings, images_roots, quiet):
     """Does the embedding find a receipt's other captures, and does it cluster by capture
     metadata (device, ...) more than chance? Writes audit.json and a self-contained audit.html.
 
@@ -60,7 +63,8 @@ def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z,
         figures = run_audit(index_dir, list(dict.fromkeys(attributes)), out, k=k,
                             rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery,
                             context=tuple(dict.fromkeys(c for c in context if c not in attributes)),
-                            registry=registry, skip_checks=skip, check_params=params, log=log)
+                            registry=registry, skip_checks=skip, check_params=params,
+                            images_roots=images_roots, log=log)
     except (IndexDirError, OSError, ValueError, AuditCheckError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))

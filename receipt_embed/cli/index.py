@@ -7,6 +7,7 @@ import sys
 import click
 
 from receipt_embed.cli.options import InputError, load_registry
+from receipt_embed.display import printable
 
 
 @click.command()
@@ -89,10 +90,12 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
                                  batch_size=batch_size, progress=not quiet and sys.stderr.isatty(), **options)
     except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
+    params = printable(meta["search_params"] or "no search parameter")
     recall = "" if meta["exact"] else (
-        f", recall@10 {meta['recall_at_10']:.3f} against exact search ({meta['search_params'] or 'no search parameter'}"
+        f", recall@10 {meta['recall_at_10']:.3f} against exact search ({params}"
         + (f", below the target {target_recall}" if meta["recall_at_10"] < target_recall else "") + ")")
-    click.echo(f"Indexed {meta['count']} items of dim {meta['dim']} with {meta['factory']}{recall} -> {out_dir}")
+    click.echo(f"Indexed {meta['count']} items of dim {meta['dim']} with {printable(meta['factory'])}{recall} -> "
+               f"{printable(out_dir)}")
 
 
 @click.command("index-merge")
@@ -120,4 +123,5 @@ def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet):
                             train_size=train_size, log=log)
     except (IndexBuildError, IndexDirError, OSError, ValueError, KeyError) as exc:
         raise InputError(str(exc)) from None
-    click.echo(f"Merged {len(shard_dirs)} shards: {meta['count']} items of dim {meta['dim']} with {meta['factory']} -> {out_dir}")
+    click.echo(f"Merged {len(shard_dirs)} shards: {meta['count']} items of dim {meta['dim']} with "
+               f"{printable(meta['factory'])} -> {printable(out_dir)}")

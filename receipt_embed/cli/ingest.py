@@ -7,6 +7,7 @@ import sys
 import click
 
 from receipt_embed.cli.options import InputError, config_options, resolve_config
+from receipt_embed.display import printable
 
 
 def _ratios(ctx, param, value):
@@ -61,10 +62,10 @@ def ingest(source, out_dir, split_ratios, seed, max_pixels, max_bytes, allow_abs
         raise InputError(str(exc)) from None
     click.echo(result.summary())
     for entry in result.rejected[:10]:
-        click.echo(f"  rejected: {entry['detail']} [{entry['reason']}]", err=True)
+        click.echo(f"  rejected: {printable(entry['detail'])} [{entry['reason']}]", err=True)
     if len(result.rejected) > 10:
         click.echo(f"  ... {len(result.rejected) - 10} more in the report", err=True)
     for warning in result.warnings():
-        click.echo(f"Warning: {warning}", err=True)
+        click.echo(f"Warning: {printable(warning)}", err=True)
     if not result.rows or (strict and result.rejected):
         raise SystemExit(1)

@@ -62,14 +62,15 @@ def check_components(config, registry) -> None:
 
 
 def load_registry(ctx: click.Context, config=None):
-    """Discover plugins with the CLI's --plugins-dir/--strict-plugins (or the config's)."""
-    from receipt_embed.plugin_manager import PluginLoadError, get_registry
+    """Discover plugins with the CLI's --plugins-dir/--strict-plugins (or the config's); with
+    neither, the CLI loads ``./plugins`` when it exists (the library loads no folder unasked)."""
+    from receipt_embed.plugin_manager import PluginLoadError, get_registry, resolve_plugins_dir
     from receipt_embed.registry import ComponentError
 
     root = ctx.find_root().obj or {}
     plugins_dir = root.get("plugins_dir") or (config.plugins.dir if config else None)
     strict = root.get("strict_plugins") or (config.plugins.strict if config else False)
     try:
-        return get_registry(plugins_dir, strict=strict)
+        return get_registry(resolve_plugins_dir(plugins_dir), strict=strict, dir_required=plugins_dir is not None)
     except (PluginLoadError, ComponentError) as exc:
         raise InputError(str(exc)) from None

@@ -8,6 +8,7 @@ from dataclasses import asdict
 import click
 
 from receipt_embed.cli.options import config_options, load_registry, resolve_config
+from receipt_embed.display import printable
 
 
 def call_hooks(registry, plugin_name: str) -> list[str]:
@@ -48,14 +49,16 @@ def plugins(ctx, as_json, config_file, overrides):
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
+    # names, versions and descriptions are the plugins' own strings: escaped, one line each
     for plugin in info["plugins"]:
-        version = f" {plugin['version']}" if plugin["version"] else ""
-        click.echo(f"{plugin['name']}{version}  [{plugin['source']}: {plugin['location']}]")
+        version = f" {printable(plugin['version'])}" if plugin["version"] else ""
+        click.echo(f"{printable(plugin['name'])}{version}  [{plugin['source']}: {printable(plugin['location'])}]")
         for component in plugin["components"]:
-            click.echo(f"    {component['kind']:<13} {component['name']:<22} {component['description']}")
+            click.echo(f"    {component['kind']:<13} {printable(component['name']):<22} "
+                       f"{printable(component['description'])}")
         for hook in plugin["hooks"]:
             click.echo(f"    {'hook':<13} {hook}")
     for failure in info["failed"]:
-        click.echo(f"FAILED {failure['name']}: {failure['error']}")
+        click.echo(f"FAILED {printable(failure['name'])}: {printable(failure['error'])}")
     for name in info["blocked"]:
-        click.echo(f"blocked {name} (RECEIPT_EMBED_DISABLE_PLUGINS)")
+        click.echo(f"blocked {printable(name)} (RECEIPT_EMBED_DISABLE_PLUGINS)")

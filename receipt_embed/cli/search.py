@@ -9,19 +9,22 @@ import sys
 import click
 
 from receipt_embed.cli.options import InputError, load_registry
+from receipt_embed.display import printable
 
 
 def _print_results(results: list[dict], threshold) -> None:
+    """The table; values from the index are escaped, so none can print a line of its own."""
     for result in results:
-        click.echo(result["query"])
+        click.echo(printable(result["query"]))
         if threshold is not None:
             match = result["match"]
-            verdict = (f"DUPLICATE of receipt {match['receipt_id']} (similarity {match['similarity']:.3f} >= {threshold})"
-                       if match else f"no duplicate (best similarity below {threshold})")
+            verdict = (f"DUPLICATE of receipt {printable(match['receipt_id'])} (similarity {match['similarity']:.3f} "
+                       f">= {threshold})" if match else f"no duplicate (best similarity below {threshold})")
             click.echo(f"  {verdict}")
         for rank, hit in enumerate(result["neighbours"], start=1):
             same = "  [same file]" if hit["same_file"] else ""
-            click.echo(f"  {rank:>2}. {hit['similarity']:.3f}  {hit['receipt_id']}  {hit['device']}  {hit['path']}{same}")
+            values = "  ".join(printable(hit[key]) for key in ("receipt_id", "device", "path"))
+            click.echo(f"  {rank:>2}. {hit['similarity']:.3f}  {values}{same}")
 
 
 @click.command()

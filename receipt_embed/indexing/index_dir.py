@@ -24,6 +24,7 @@ import numpy as np
 
 from receipt_embed import __version__
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.indexing.contents import check_embeddings, check_items, check_meta_types
 from receipt_embed.userfiles import UnusableFile, open_regular, read_regular_text
 
 INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE, META_FILE = "index.faiss", "items.jsonl", "embeddings.npy", "index.json"
@@ -128,11 +129,16 @@ def read_meta(path: str | Path) -> dict:
         raise IndexDirError(f"{meta_path} has format version {meta['format_version']}, newer than this receipt-embed "
                             f"reads ({FORMAT_VERSION}); upgrade receipt-embed")
     missing = [key for key in ("count", "dim", "factory", "files", "source") if key not in meta]
-    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    if "source" in meta and not isinstance(meta["source"], dict):
+        raise IndexDirError(f"{meta_path}: source is {type(meta['source']).__name__}, not an object: rebuild the "
+                            "index with `receipt-embed index`")
+    source = meta.get("source") or {}
+    kind = source.get("kind") if isinstance(source.get("kind"), str) else None
     wanted = {"checkpoint": ("checkpoint", "checkpoint_sha256"), "embeddings": ("embeddings", "embeddings_sha256")}
-    missing += [f"source.{key}" for key in wanted.get(source.get("kind"), ("kind",)) if key not in source]
+    missing += [f"source.{key}" for key in wanted.get(kind, ("kind",)) if key not in source]
     if missing:
         raise IndexDirError(f"{meta_path} lacks {', '.join(missing)}: rebuild the index with `receipt-embed index`")
+    check_meta_types(meta, meta_path, IndexDirError)
     return meta
 
 
@@ -194,6 +200,8 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
             embeddings = np.load(handle, allow_pickle=False)
     except ValueError as exc:
         raise IndexDirError(f"{path / EMBEDDINGS_FILE} cannot be read: {exc}") from None
+    check_items(items, path / ITEMS_FILE, IndexDirError)
+    check_embeddings(embeddings, path / EMBEDDINGS_FILE, IndexDirError)
     count, dim = meta["count"], meta["dim"]
     problems = []
     if index.ntotal != count or index.d != dim:

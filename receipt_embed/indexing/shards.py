@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.indexing.contents import check_embeddings, check_items, check_shard_meta
 from receipt_embed.indexing.index_dir import MAX_META_BYTES, IndexDirError, sha256_file
 from receipt_embed.userfiles import UnusableFile, check_regular, is_regular, open_regular, read_regular_text
 
@@ -68,6 +69,7 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
         raise _refuse(exc, "not a shard.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise IndexDirError(f"{path / SHARD_FILE} is damaged ({exc}); re-run that shard") from None
+    check_shard_meta(meta, path / SHARD_FILE, IndexDirError)
     for name, digest in files.items():
         if not is_regular(path / name) or sha256_file(path / name) != digest:
             raise IndexDirError(f"{path / name} is missing, not a regular file or does not match {SHARD_FILE}: "
@@ -81,9 +83,8 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
     items = read_jsonl(path / ITEMS_FILE)
     if len(items) != meta["count"] or vectors.shape != (meta["count"], meta["dim"]):
         raise IndexDirError(f"{path}: {SHARD_FILE} records {meta['count']} rows, the files disagree")
-    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
-    if len(bad):
-        raise IndexDirError(f"{path / EMBEDDINGS_FILE}: row {bad[0]} holds NaN or Inf ({len(bad)} such rows)")
+    check_items(items, path / ITEMS_FILE, IndexDirError)
+    check_embeddings(vectors, path / EMBEDDINGS_FILE, IndexDirError)  # float32, 2-D, finite
     return meta, vectors, items
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from receipt_embed.config import IngestConfig, load_config
+from receipt_embed.display import printable
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl
 from receipt_embed.images import ImageRejected, decode_image
 from receipt_embed.ingest.duplicates import resolve_duplicates
@@ -59,7 +60,7 @@ class IngestResult:
         )
         dup = self.report["exact_duplicates"]
         lines = [
-            f"Read {c['rows']} rows from {self.report['source']}",
+            f"Read {c['rows']} rows from {printable(self.report['source'])}",
             f"  accepted {c['accepted']}, rejected {c['rejected']}{reason_text}, "
             f"merged exact duplicates {c['merged_duplicates']}",
             f"  {c['identities']} identities, {len(self.report['per_device'])} devices",
@@ -68,7 +69,7 @@ class IngestResult:
         if dup["conflicts"]:
             verdict = "joined" if dup["joined_identities"] else "kept and flagged (see --merge-duplicates)"
             lines.append(f"  {len(dup['conflicts'])} identical file(s) under different receipt_ids: {verdict}")
-        lines.append(f"Wrote {self.out_dir / MANIFEST_FILE} and {self.out_dir / REPORT_FILE}")
+        lines.append(f"Wrote {printable(self.out_dir / MANIFEST_FILE)} and {printable(self.out_dir / REPORT_FILE)}")
         return "\n".join(lines)
 
 
@@ -264,7 +265,8 @@ def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | Non
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = _report(manifest_path, len(rows), ordered, rejected, duplicates, settings)
+    # the absolute manifest path: audits confine thumbnail reads to its folder
+    report = _report(root / manifest_path.name, len(rows), ordered, rejected, duplicates, settings)
     atomic_write_jsonl(out_dir / MANIFEST_FILE, ordered)
     atomic_write_json(out_dir / REPORT_FILE, report)
     return IngestResult(out_dir, ordered, report, report["rejected"])

@@ -62,7 +62,81 @@ def load_checkpoint(path: str | Path) -> dict:
         state = _torch_load(path, handle)
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a receipt-embed checkpoint (format version {FORMAT_VERSION})")
+    check_contents(state, path)
     return state
+
+
+def _article(name: str) -> str:
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _type_name(value) -> str:
+    return "a tensor" if torch.is_tensor(value) else _article(type(value).__name__)
+
+
+def _check_tensor_dict(value, key: str, path) -> None:
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: {key} is {_type_name(value)}, not a dict of tensors")
+    for name, tensor in value.items():
+        if not isinstance(name, str) or not torch.is_tensor(tensor):
+            raise CheckpointError(f"{path}: {key}.{name} is {_type_name(tensor)}, not a tensor")
+
+
+def check_contents(state: dict, path) -> None:
+    """What every use of a checkpoint needs: a config dict and the model's tensors."""
+    for key in ("config", "model"):
+        if key not in state:
+            raise CheckpointError(f"{path} lacks {key!r}: not a checkpoint written by `receipt-embed train`")
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(f"{path}: config is {_type_name(state['config'])}, not a dict")
+    for section in ("model", "data"):
+        if not isinstance(state["config"].get(section), dict):
+            raise CheckpointError(f"{path}: config.{section} is missing or not a dict")
+    _check_tensor_dict(state["model"], "model", path)
+
+
+# what resuming a run reads besides the model, and the type each must have
+RESUME_KEYS = {"optimizer": dict, "scheduler": dict, "loss": dict, "epoch": int, "step": int, "sums": dict,
+               "torch_rng": torch.Tensor}
+
+
+def check_resumable(state: dict, path) -> None:
+    """The keys ``train --resume`` restores, by type, so a wrong one is named before any is used."""
+    for key, kind in RESUME_KEYS.items():
+        if key not in state:
+            raise CheckpointError(f"{path} lacks {key!r}, which --resume needs")
+        value = state[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            wanted = "a tensor" if kind is torch.Tensor else _article(kind.__name__)
+            raise CheckpointError(f"{path}: {key} is {_type_name(value)}, --resume needs {wanted}")
+    if state.get("best") is not None and not isinstance(state["best"], dict):
+        raise CheckpointError(f"{path}: best is {_type_name(state['best'])}, not a dict or None")
+    if "momentum_model" in state:
+        _check_tensor_dict(state["momentum_model"], "momentum_model", path)
+
+
+def _shape(tensor) -> str:
+    return "(" + ",".join(str(n) for n in tensor.shape) + ")"
+
+
+def load_weights(module: torch.nn.Module, weights: dict, path, key: str = "model") -> None:
+    """``module.load_state_dict`` after naming the first key or shape that does not fit, e.g.
+    "model.encoder.conv1.weight has shape (8,1,3,3), the architecture needs (16,1,3,3)"."""
+    wanted = module.state_dict()
+    for name, tensor in wanted.items():
+        if name not in weights:
+            raise CheckpointError(f"{path}: {key}.{name} is missing; the checkpoint is from another architecture")
+        if tuple(weights[name].shape) != tuple(tensor.shape):
+            raise CheckpointError(f"{path}: {key}.{name} has shape {_shape(weights[name])}, "
+                                  f"the architecture needs {_shape(tensor)}")
+    extra = [name for name in weights if name not in wanted]
+    if extra:
+        raise CheckpointError(f"{path}: {key}.{extra[0]} is not part of the architecture "
+                              f"({len(extra)} unexpected keys)")
+    try:
+        module.load_state_dict(weights)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {key} cannot be loaded: {str(exc).strip().splitlines()[0]}") from None
 
 
 def architecture(config: dict) -> dict:

@@ -33,7 +33,8 @@ from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, read_jso
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
 from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
-from receipt_embed.training.checkpoint import CheckpointError, check_compatible, load_checkpoint, save_checkpoint
+from receipt_embed.training.checkpoint import (CheckpointError, check_compatible, check_resumable, load_checkpoint,
+                                               load_weights, save_checkpoint)
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -59,9 +60,10 @@ class TrainResult:
     best_recall_at_1: float | None = None
 
 
-def build_model(config: Config, registry) -> Embedder:
-    """Encoder plugin + projection head, as the config describes them."""
-    framework = {"pretrained": config.model.pretrained, "in_channels": 1 if config.data.grayscale else 3,
+def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embedder:
+    """Encoder plugin + projection head, as the config describes them. ``from_checkpoint``:
+    the weights come from a checkpoint, so ``model.pretrained`` is never fetched or read."""
+    framework = {"pretrained": None if from_checkpoint else config.model.pretrained, "in_channels": 1 if config.data.grayscale else 3,
                  "pooling": config.model.pooling, "grid": tuple(config.model.grid)}
     encoder = registry.create_with("encoder", config.model.encoder, framework, dict(config.model.params))
     plugin = registry.get("encoder", config.model.encoder).plugin
@@ -297,7 +299,7 @@ class Trainer:
         self.train_cache = cache_captures(self.train_set, size, config.ingest, progress=progress)
         self.val_cache = cache_captures(self.val_set, size, config.ingest, progress=progress)
 
-        self.model = build_model(config, registry)
+        self.model = build_model(config, registry, from_checkpoint=self.state is not None)
         self.loss_fn = registry.create_with("loss", config.loss.name, {"temperature": config.loss.temperature},
                                             dict(config.loss.params))
         if not isinstance(self.loss_fn, torch.nn.Module):
@@ -365,17 +367,26 @@ class Trainer:
                                  f"expected (N, feature_dim) = {expected}")
 
     def _restore(self, state: dict) -> None:
-        check_compatible(state, self.config_dict, self.run_dir / LAST)
-        self.model.load_state_dict(state["model"])
+        path = self.run_dir / LAST
+        check_compatible(state, self.config_dict, path)
+        check_resumable(state, path)
+        load_weights(self.model, state["model"], path)
         if self.key_model is not None:
-            self.key_model.load_state_dict(state["momentum_model"])
-        self.loss_fn.load_state_dict(state["loss"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+            if "momentum_model" not in state:
+                raise CheckpointError(f"{path} lacks 'momentum_model', which the loss {self.config.loss.name!r} needs")
+            load_weights(self.key_model, state["momentum_model"], path, "momentum_model")
+        for key, target in (("loss", self.loss_fn), ("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+            try:
+                target.load_state_dict(state[key])
+            except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as exc:
+                raise CheckpointError(f"{path}: {key} does not fit this run: {str(exc).strip().splitlines()[0]}") from None
         self.epoch, self.step = state["epoch"], state["step"]
         self.sums = dict(state["sums"])
-        self.best = state["best"]
-        torch.set_rng_state(state["torch_rng"])
+        self.best = state.get("best")
+        try:
+            torch.set_rng_state(state["torch_rng"])
+        except (RuntimeError, TypeError) as exc:
+            raise CheckpointError(f"{path}: torch_rng is not a torch RNG state: {str(exc).strip().splitlines()[0]}") from None
         # metrics of epochs after the checkpoint were never confirmed: drop them
         metrics = self.run_dir / METRICS_FILE
         if metrics.exists():

@@ -1,0 +1,111 @@
+"""Which image files an index dir may make the audit read.
+
+An index dir can come from someone else, and its items.jsonl names files by path. Reading
+whatever it names would put any file the user can read (``/etc/passwd``, a key, another
+project's photos) into the HTML report the user then shares. So the report only reads
+captures under the folders the index's dataset came from, or under folders the user
+names (``audit-shortcuts --images-root``); every other path is refused and counted.
+
+The capture folder of a dataset dir is the folder of the manifest ``ingest`` read
+(``ingest_report.json`` records it as ``source``; ingest resolves every capture path
+inside it). An index from external embeddings records its manifest: a dataset dir's
+``manifest.jsonl`` leads to that dataset's capture folder, any other manifest's paths are
+relative to its own folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INGEST_REPORT = "ingest_report.json"
+
+
+def _capture_folder(folder: Path) -> Path | None:
+    """The folder ``ingest`` resolved a dataset dir's captures in, or None if unrecorded."""
+    try:
+        report = json.loads((folder / INGEST_REPORT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    source = report.get("source") if isinstance(report, dict) else None
+    if not isinstance(source, str) or not source:
+        return None
+    if Path(source).is_absolute():
+        return Path(source).parent
+    return _folder_of_relative_source(folder, Path(source).parent)
+
+
+def _folder_of_relative_source(folder: Path, typed: Path) -> Path | None:
+    """Older reports hold the manifest path as typed (``data_samples/manifest.csv``). Every
+    capture of the dataset lies under that folder, resolved: the deepest ancestor of the
+    first capture whose trailing names are the typed ones, if every capture is under it."""
+    from receipt_embed.fileio import read_jsonl
+
+    names = typed.parts
+    if not names or any(name in ("..", ".") for name in names):
+        return None  # the folder ingest ran in is not recorded
+    try:
+        paths = [row.get("path") for row in read_jsonl(folder / "manifest.jsonl") if isinstance(row, dict)]
+    except (OSError, ValueError):
+        return None
+    if not paths or not all(isinstance(path, str) and Path(path).is_absolute() for path in paths):
+        return None
+    candidates = [parent for parent in Path(paths[0]).parents if parent.parts[-len(names):] == names]
+    if not candidates:
+        return None
+    root = candidates[0]
+    return root if all(Path(path).is_relative_to(root) for path in paths) else None
+
+
+def recorded_roots(meta: dict) -> list[Path]:
+    """The capture folders an index dir's index.json leads to (dataset or manifest)."""
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    dataset, manifest = source.get("dataset"), source.get("manifest")
+    if isinstance(dataset, str) and dataset:
+        folder = _capture_folder(Path(dataset))
+        return [folder] if folder is not None else []
+    if isinstance(manifest, str) and manifest:
+        manifest_path = Path(manifest)
+        folder = _capture_folder(manifest_path.parent) if manifest_path.name == "manifest.jsonl" else None
+        return [folder if folder is not None else manifest_path.parent]
+    return []
+
+
+@dataclass
+class ImageRoots:
+    """Folders image reads are confined to (symlinks resolved), and the reads refused."""
+
+    roots: list[Path]
+    refused: list[tuple[int, str]] = field(default_factory=list)  # (row, path) per refused read
+
+    @classmethod
+    def for_index(cls, meta: dict, extra=()) -> ImageRoots:
+        return cls([Path(root).resolve() for root in [*recorded_roots(meta), *extra]])
+
+    def allows(self, path: str) -> bool:
+        try:
+            resolved = Path(path).resolve()
+        except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop: not a capture
+            return False
+        return any(resolved.is_relative_to(root) for root in self.roots)
+
+    def check(self, row: int, path) -> bool:
+        """Whether row's path may be read; a refusal is recorded once per row."""
+        if not isinstance(path, str) or not path:
+            return False
+        if self.allows(path):
+            return True
+        if (row, path) not in self.refused:
+            self.refused.append((row, path))
+        return False
+
+    def warning(self) -> str | None:
+        """One line for all refusals, naming the first, or None when nothing was refused."""
+        if not self.refused:
+            return None
+        row, path = self.refused[0]  # the CLI prints warnings escaped
+        where = ", ".join(str(root) for root in self.roots) or "none recorded in index.json"
+        more = f" and {len(self.refused) - 1} more" if len(self.refused) > 1 else ""
+        return (f"{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
+                f"(row {row}: {path}{more}); allowed: {where}; pass --images-root DIR to allow another folder")

@@ -1,0 +1,35 @@
+"""Values from files, made safe to print for a person reading a terminal.
+
+A receipt_id, device or path comes from a manifest or an index dir that someone else may
+have written. Printed raw, a newline in it starts a line the tool never wrote (a fake
+"DUPLICATE of ..." verdict) and an ESC starts a terminal control sequence (clearing the
+screen, moving the cursor). ``printable`` shows such characters as escapes instead;
+ordinary Unicode (accents, CJK, emoji) is kept. JSON output needs none of this: JSON
+escapes control characters itself.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+# Unicode categories that are not drawn as text: controls, format marks (bidi overrides,
+# zero-width), separators other than the space, unassigned and private-use code points
+_HIDDEN = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+
+
+def _escape(char: str) -> str:
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(value) -> str:
+    """``str(value)`` with control characters, newlines, ESC and other invisible code points
+    shown as backslash escapes (``\\n``, ``\\x1b``, ``\\u202e``), so one value prints as one
+    visible run of text. A backslash is doubled, so an escape cannot be faked either."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(_escape(c) if c in _NAMED or unicodedata.category(c) in _HIDDEN else c for c in text)

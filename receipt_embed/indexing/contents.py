@@ -1,0 +1,122 @@
+"""Type checks of an index dir's contents: ``index.json``, ``items.jsonl`` and ``embeddings.npy``.
+
+The checksums in index.json only prove the files match index.json; whoever edited a file
+can recompute them. So every value the code relies on is checked for its type too, and a
+wrong one is an error naming the file and the key (or row), never a crash further on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+FEATURES = (None, "backbone", "head")
+SOURCE_STRINGS = ("kind", "checkpoint", "checkpoint_sha256", "embeddings", "embeddings_sha256", "manifest",
+                  "dataset", "split")
+ITEM_STRINGS = ("path", "receipt_id")  # every item has them, as strings
+ITEM_OPTIONAL_STRINGS = ("device", "split", "sha256")
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_meta_types(meta: dict, meta_path: Path, error) -> None:
+    """Raise ``error`` naming the first key of index.json whose value has the wrong type."""
+    def bad(*keys: str, wanted: str):
+        value = meta
+        for key in keys:
+            value = value[key]
+        return error(f"{meta_path}: {'.'.join(keys)} is {_kind(value)} ({value!r:.60}), expected {wanted}")
+
+    for key, low in (("count", 0), ("dim", 1)):
+        if not _is_int(meta[key]) or meta[key] < low:
+            raise bad(key, wanted=f"an integer >= {low}")
+    if "format_version" in meta and not _is_int(meta["format_version"]):
+        raise bad("format_version", wanted="an integer")
+    for key in ("factory", "metric"):
+        if key in meta and not isinstance(meta[key], str):
+            raise bad(key, wanted="a string")
+    if meta.get("search_params") is not None and not isinstance(meta["search_params"], str):
+        raise bad("search_params", wanted='a string such as "nprobe=16"')
+    if meta.get("features") not in FEATURES:
+        raise bad("features", wanted='null, "backbone" or "head"')
+    _check_files_entry(meta, bad)
+    for key in SOURCE_STRINGS:
+        if key in meta["source"] and not isinstance(meta["source"][key], str):
+            raise bad("source", key, wanted="a string")
+    if meta["source"].get("dataset_sha256") is not None and not isinstance(meta["source"]["dataset_sha256"], str):
+        raise bad("source", "dataset_sha256", wanted="a string or null")
+
+
+def _check_files_entry(meta: dict, bad) -> None:
+    files = meta["files"]
+    if not isinstance(files, dict):
+        raise bad("files", wanted="an object of {sha256, bytes} by file name")
+    for name, entry in files.items():
+        if not isinstance(entry, dict) or "sha256" not in entry or "bytes" not in entry:
+            raise bad("files", name, wanted="an object {sha256, bytes}")
+        if not isinstance(entry["sha256"], str):
+            raise bad("files", name, "sha256", wanted="a hex string")
+        if not _is_int(entry["bytes"]) or entry["bytes"] < 0:
+            raise bad("files", name, "bytes", wanted="an integer >= 0")
+
+
+SHARD_INTS = ("count", "dim", "shard", "shards", "total")
+SHARD_STRINGS = ("checkpoint", "checkpoint_sha256", "dataset", "split")
+
+
+def check_shard_meta(meta, shard_path: Path, error) -> None:
+    """shard.json: what index-merge reads, by type (files: {name: sha256})."""
+    if not isinstance(meta, dict):
+        raise error(f"{shard_path} holds {_kind(meta)}, not the object `index --shard` writes; re-run that shard")
+    for key in (*SHARD_INTS, *SHARD_STRINGS, "files"):
+        if key not in meta:
+            raise error(f"{shard_path} lacks {key!r}; re-run that shard")
+    wrong = next((key for key in SHARD_INTS if not _is_int(meta[key]) or meta[key] < 0), None)
+    wrong = wrong or next((key for key in SHARD_STRINGS if not isinstance(meta[key], str)), None)
+    if wrong:
+        raise error(f"{shard_path}: {wrong} is {_kind(meta[wrong])} ({meta[wrong]!r:.60}), expected "
+                    f"{'an integer >= 0' if wrong in SHARD_INTS else 'a string'}")
+    if meta.get("features") not in FEATURES:
+        raise error(f"{shard_path}: features is {meta['features']!r:.60}, expected null, \"backbone\" or \"head\"")
+    files = meta["files"]
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise error(f"{shard_path}: files is {_kind(files)}, expected an object of sha256 strings by file name")
+
+
+def check_items(items: list, items_path: Path, error) -> None:
+    """Each row a JSON object with string path and receipt_id (and string device/split/sha256 when given)."""
+    for row, item in enumerate(items):
+        where = f"{items_path}, row {row} (0-based)"
+        if not isinstance(item, dict):
+            raise error(f"{where} is {_kind(item)}, not a JSON object")
+        for key in ITEM_STRINGS:
+            if key not in item:
+                raise error(f"{where} lacks {key!r}")
+        for key in (*ITEM_STRINGS, *ITEM_OPTIONAL_STRINGS):
+            optional_none = key in ITEM_OPTIONAL_STRINGS and item.get(key, "") is None
+            if key in item and not isinstance(item[key], str) and not optional_none:
+                raise error(f"{where}: {key} is {_kind(item[key])} ({item[key]!r:.60}), expected a string")
+
+
+def check_embeddings(embeddings: np.ndarray, embeddings_path: Path, error) -> None:
+    """float32, 2-D and finite, as ``receipt-embed index`` writes them."""
+    dtype = embeddings.dtype
+    if dtype.fields is not None or dtype != np.float32:
+        kind = "structured" if dtype.fields is not None else dtype.name
+        raise error(f"{embeddings_path} holds {kind} values (dtype {dtype.str}); an index dir stores float32")
+    if embeddings.ndim != 2:
+        raise error(f"{embeddings_path} has shape {embeddings.shape}; an index dir stores a 2-D (items x dim) array")
+    finite = np.isfinite(embeddings).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise error(f"{embeddings_path}: row {bad[0]} (0-based) holds NaN or Inf ({len(bad)} such rows)")

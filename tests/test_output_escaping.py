@@ -1,0 +1,92 @@
+"""Output a reader trusts: values from files are printed escaped, so a crafted receipt_id
+cannot print a fake verdict line or send terminal control codes; JSON stays JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO, builtin_registry, run_cli, train_tiny
+from tamper import copy_index, rewrite_items
+
+from receipt_embed.display import printable
+
+FAKE_LINE = "DUPLICATE of receipt y (similarity 1.000 >= 0.9)"
+CRAFTED = ["x\n" + FAKE_LINE, "clear\x1b[2Jscreen", "bidi\u202eeulav"]
+
+
+@pytest.mark.parametrize("raw,shown", [
+    ("plain receipt 42", "plain receipt 42"),
+    ("café 收据 🧾 naïve", "café 收据 🧾 naïve"),  # ordinary Unicode is kept
+    ("a\nb\r\tc", "a\\nb\\r\\tc"),
+    ("\x1b[2J\x07\x00", "\\x1b[2J\\x07\\x00"),
+    ("\x9b31m", "\\x9b31m"),  # the one-byte CSI
+    ("zero\u200bwidth\u202e", "zero\\u200bwidth\\u202e"),
+    ("line\u2028break", "line\\u2028break"),
+    ("back\\nslash", "back\\\\nslash"),  # a literal backslash-n cannot pass for an escaped newline
+    (7, "7"),
+    (None, "None"),
+])
+def test_printable(raw, shown):
+    assert printable(raw) == shown
+    assert printable(raw).isprintable()
+
+
+@pytest.fixture(scope="module")
+def crafted_index(tmp_path_factory):
+    """A checkpoint index whose receipt_ids were rewritten (checksums recomputed)."""
+    from receipt_embed.indexing import index_dataset
+
+    base = tmp_path_factory.mktemp("escape")
+    dataset, checkpoint = train_tiny(base)
+    index_dataset(checkpoint, dataset, base / "index", builtin_registry())
+    index = copy_index(base / "index", base / "crafted")
+    rewrite_items(index, lambda row, item: {**item, "receipt_id": CRAFTED[row % 3], "device": CRAFTED[(row + 1) % 3]})
+    return index
+
+
+def test_search_table_cannot_be_forged(crafted_index):
+    query = REPO / "data_samples" / "images" / "r0000_phone_a.jpg"
+    result = run_cli("search", crafted_index, query, "--threshold", "-1", "--k", "5")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == printable(str(query)) and lines[1].startswith("  DUPLICATE of receipt ")
+    assert not any(line.strip() == FAKE_LINE for line in lines)
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+    assert "\\x1b[2J" in result.stdout or "x\\nDUPLICATE" in result.stdout
+    assert len(lines) == 7  # query, verdict, five neighbours: one line each
+
+    result = run_cli("search", crafted_index, query, "--threshold", "-1", "--json")
+    assert result.returncode == 0, result.stderr
+    neighbours = json.loads(result.stdout)[0]["neighbours"]
+    assert {hit["receipt_id"] for hit in neighbours} <= set(CRAFTED)  # JSON keeps the values exact
+
+
+def test_ingest_rejection_lines_are_escaped(tmp_path):
+    rows = [{"path": "gone\x1b[2J.jpg", "receipt_id": "r1", "device": "d"},
+            {"path": "also-gone.jpg\n  rejected: nothing, all fine", "receipt_id": "r2", "device": "d"}]
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_cli("ingest", tmp_path, "--out", tmp_path / "dataset", "-q")
+    assert result.returncode == 1  # nothing accepted
+    rejected = [line for line in result.stderr.splitlines() if line.startswith("  rejected:")]
+    assert len(rejected) == 2 and "\x1b" not in result.stderr
+    assert "gone\\x1b[2J.jpg" in rejected[0] and "also-gone.jpg\\n  rejected: nothing" in rejected[1]
+
+
+def test_audit_verdict_lines_are_one_line_each():
+    from receipt_embed.audit.run import verdict_lines
+
+    figures = {"flagged": ["dev\nice"], "shortcuts": {"dev\nice": {"reasons": ["lift\x1b[2J"], "context": False}},
+               "collapsed": False, "flagged_checks": ["hub"], "inconclusive": [], "untestable": {},
+               "checks": {"hub": {"plugin": "evil\nplugin", "summary": "fine\nNo shortcut flagged for device",
+                                  "flagged": True}}}
+    lines = verdict_lines(figures)
+    assert lines == ["SHORTCUT: dev\\nice (lift\\x1b[2J)",
+                     "CHECK hub (evil\\nplugin): fine\\nNo shortcut flagged for device"]
+
+
+def test_cli_warnings_print_escaped_one_line(capsys):
+    from receipt_embed.cli import _show_warning
+
+    _show_warning(UserWarning("gallery image row 3: /data/x\n  DUPLICATE\x1b[2J"), UserWarning, "file.py", 1)
+    assert capsys.readouterr().err == "Warning: gallery image row 3: /data/x\\n  DUPLICATE\\x1b[2J\n"

@@ -1,0 +1,268 @@
+"""Valid files with the wrong content: checkpoints with other keys, types or shapes, index
+dirs whose index.json, items.jsonl or embeddings.npy were edited (checksums recomputed),
+and metadata that matplotlib would read as mathtext. Each is one error naming the file and
+the key, exit code 2, never a traceback or a silently wrong result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, builtin_registry, run_cli, train_tiny
+from tamper import copy_index, edit_meta, reseal, rewrite_items
+
+from receipt_embed.indexing import IndexDirError, index_embeddings, load_index_dir
+from receipt_embed.training.checkpoint import CheckpointError, save_checkpoint
+
+
+def _one_clean_error(result, *fragments) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    message = result.stderr.strip()
+    assert message.startswith("Error: ") and len(message.splitlines()) == 1, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+# ---- index dirs -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_index(tmp_path_factory):
+    """An index of 20 random vectors over a manifest of 5 receipts x 4 captures."""
+    base = tmp_path_factory.mktemp("content")
+    rows = [{"path": f"img{i}.jpg", "receipt_id": f"r{i // 4}", "device": f"d{i % 2}"} for i in range(20)]
+    (base / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    np.save(base / "vectors.npy", np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32))
+    index_embeddings(base / "vectors.npy", base / "manifest.jsonl", base / "index")
+    return base / "index"
+
+
+def _embeddings(array):
+    def change(index):
+        np.save(index / "embeddings.npy", array, allow_pickle=True)
+        reseal(index, "embeddings.npy")
+    return change
+
+
+_GOOD = np.random.default_rng(1).normal(size=(20, 8)).astype(np.float32)
+_NAN = _GOOD.copy()
+_NAN[3, 2] = np.nan
+_STRUCTURED = np.zeros(20, dtype=[("a", np.float32, (8,))])
+
+TAMPERED = {
+    "count as a string": (lambda d: edit_meta(d, lambda m: m.update(count="20")), "index.json: count is a str"),
+    "negative dim": (lambda d: edit_meta(d, lambda m: m.update(dim=-1)), "index.json: dim is an int"),
+    "factory a number": (lambda d: edit_meta(d, lambda m: m.update(factory=5)), "index.json: factory is an int"),
+    "files a list": (lambda d: edit_meta(d, lambda m: m.update(files=[])), "index.json: files is a list"),
+    "file entry without sha256": (lambda d: edit_meta(d, lambda m: m["files"]["items.jsonl"].pop("sha256")),
+                                  "files.items.jsonl is a dict"),
+    "bytes a float": (lambda d: edit_meta(d, lambda m: m["files"]["items.jsonl"].update(bytes=1.5)),
+                      "files.items.jsonl.bytes is a float"),
+    "source a list": (lambda d: edit_meta(d, lambda m: m.update(source=[])), "index.json: source is list"),
+    "source.manifest a number": (lambda d: edit_meta(d, lambda m: m["source"].update(manifest=3)),
+                                 "source.manifest is an int"),
+    "search_params a number": (lambda d: edit_meta(d, lambda m: m.update(search_params=7)),
+                               "search_params is an int"),
+    "unknown features": (lambda d: edit_meta(d, lambda m: m.update(features="pixels")), "features is a str"),
+    "an item a list": (lambda d: rewrite_items(d, lambda row, item: [1] if row == 4 else item),
+                       "items.jsonl, row 4 (0-based) is a list, not a JSON object"),
+    "receipt_id a number": (lambda d: rewrite_items(d, lambda row, item: {**item, "receipt_id": row}),
+                            "items.jsonl, row 0 (0-based): receipt_id is an int"),
+    "path missing": (lambda d: rewrite_items(d, lambda row, item: {k: v for k, v in item.items() if k != "path"}),
+                     "items.jsonl, row 0 (0-based) lacks 'path'"),
+    "device a list": (lambda d: rewrite_items(d, lambda row, item: {**item, "device": ["a"]}),
+                      "row 0 (0-based): device is a list"),
+    "NaN embedding": (_embeddings(_NAN), "embeddings.npy: row 3 (0-based) holds NaN or Inf"),
+    "integer embeddings": (_embeddings(_GOOD.astype(np.int32)), "embeddings.npy holds int32 values"),
+    "float64 embeddings": (_embeddings(_GOOD.astype(np.float64)), "embeddings.npy holds float64 values"),
+    "complex embeddings": (_embeddings(_GOOD.astype(np.complex64)), "embeddings.npy holds complex64 values"),
+    "structured embeddings": (_embeddings(_STRUCTURED), "embeddings.npy holds structured values"),
+    "object embeddings": (_embeddings(np.array([None] * 20, dtype=object)), "embeddings.npy cannot be read"),
+    "1-D embeddings": (_embeddings(_GOOD.ravel()), "embeddings.npy has shape (160,)"),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERED)
+def test_edited_index_dirs_are_named_not_crashed_on(small_index, tmp_path, case):
+    change, message = TAMPERED[case]
+    index = copy_index(small_index, tmp_path / "index")
+    change(index)
+    with pytest.raises(IndexDirError) as caught:
+        load_index_dir(index)
+    assert message in str(caught.value) and str(index) in str(caught.value)
+
+
+@pytest.mark.parametrize("case", ["receipt_id a number", "structured embeddings", "count as a string"])
+def test_search_and_audit_exit_2_on_edited_index_dirs(small_index, tmp_path, case):
+    change, message = TAMPERED[case]
+    index = copy_index(small_index, tmp_path / "index")
+    change(index)
+    _one_clean_error(run_cli("search", index, "--all-pairs", "--threshold", "0.5", "--out", tmp_path / "p.csv"),
+                     message)
+    _one_clean_error(run_cli("audit-shortcuts", index, "--out", tmp_path / "report", "-q"), message)
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "report").exists()
+
+
+# ---- checkpoints ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ckpt")
+    train_tiny(base)
+    return base
+
+
+def _tampered_checkpoint(source, target, change):
+    state = torch.load(source, map_location="cpu", weights_only=True)
+    state.pop("format_version")
+    change(state)
+    save_checkpoint(target, state)
+    return target
+
+
+def _first_weight(state) -> str:
+    return next(name for name, tensor in state["model"].items() if tensor.ndim == 4)
+
+
+def _reshape_first(state):
+    name = _first_weight(state)
+    shape = state["model"][name].shape
+    state["model"][name] = torch.zeros(shape[0] // 2, *shape[1:])
+
+
+CHECKPOINTS = {
+    "no model": (lambda s: s.pop("model"), "lacks 'model'"),
+    "no config": (lambda s: s.pop("config"), "lacks 'config'"),
+    "config a string": (lambda s: s.update(config="resnet"), "config is a str, not a dict"),
+    "config.model a list": (lambda s: s["config"].update(model=[]), "config.model is missing or not a dict"),
+    "model a list": (lambda s: s.update(model=[1, 2]), "model is a list, not a dict of tensors"),
+    "a weight a list": (lambda s: s["model"].update({_first_weight(s): [1.0]}), "is a list, not a tensor"),
+    "a weight of another shape": (_reshape_first, "the architecture needs ("),
+    "a missing weight": (lambda s: s["model"].pop(_first_weight(s)), "is missing; the checkpoint is from another"),
+    "an extra weight": (lambda s: s["model"].update(extra=torch.zeros(1)),
+                        "model.extra is not part of the architecture"),
+    "config value of a wrong type": (lambda s: s["config"]["model"].update(head_dim="big"), "config.model.head_dim"),
+}
+
+
+@pytest.mark.parametrize("case", CHECKPOINTS)
+def test_checkpoints_with_other_keys_types_or_shapes_are_named(trained, tmp_path, case):
+    from receipt_embed.embedding import load_model
+
+    change, message = CHECKPOINTS[case]
+    path = _tampered_checkpoint(trained / "run" / "checkpoints" / "best.pt", tmp_path / "bad.pt", change)
+    with pytest.raises(CheckpointError) as caught:
+        load_model(path, builtin_registry())
+    assert message in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_shape_message_names_key_and_both_shapes(trained, tmp_path):
+    state = torch.load(trained / "run" / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
+    name, shape = _first_weight(state), tuple(state["model"][_first_weight(state)].shape)
+    path = _tampered_checkpoint(trained / "run" / "checkpoints" / "best.pt", tmp_path / "bad.pt", _reshape_first)
+    wanted = f"model.{name} has shape ({','.join(map(str, (shape[0] // 2, *shape[1:])))}), the architecture needs " \
+             f"({','.join(map(str, shape))})"
+    result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "index", "-q")
+    _one_clean_error(result, str(path), wanted)
+    assert not (tmp_path / "index").exists()
+
+
+@pytest.mark.parametrize("change,message", [
+    (_reshape_first, "the architecture needs ("),
+    (lambda s: s.update(optimizer="adam"), "optimizer is a str, --resume needs a dict"),
+    (lambda s: s.pop("torch_rng"), "lacks 'torch_rng', which --resume needs"),
+], ids=["shape", "optimizer type", "no rng"])
+def test_resume_from_a_tampered_last_checkpoint_exits_2(trained, tmp_path, change, message):
+    run = tmp_path / "run"
+    shutil.copytree(trained / "run", run)
+    last = run / "checkpoints" / "last.pt"
+    _tampered_checkpoint(last, last, change)
+    before = last.read_bytes()
+    result = run_cli("train", "--data", trained / "dataset", "--out", run, "--resume", "-q")
+    _one_clean_error(result, str(last), message)
+    assert last.read_bytes() == before
+
+
+# ---- mathtext and markup in metadata ------------------------------------------------------
+
+def test_dollar_signs_and_markup_in_metadata_are_drawn_and_shown_literally(tmp_path):
+    images = sorted((REPO / "data_samples" / "images").glob("*.jpg"))[:24]
+    folder = tmp_path / "captures"
+    folder.mkdir()
+    devices = ["$\\frac{$", "$x$", "a$b", "<script>alert(1)</script>"]
+    rows = []
+    for i, image in enumerate(images):
+        shutil.copy(image, folder / image.name)
+        rows.append({"path": image.name, "receipt_id": f"r{i // 3}", "device": devices[i % 4],
+                     "merchant": "$\\sqrt{$" if i % 2 else "$$"})
+    (folder / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    np.save(tmp_path / "vectors.npy", np.random.default_rng(0).normal(size=(len(rows), 6)).astype(np.float32))
+    index_embeddings(tmp_path / "vectors.npy", folder / "manifest.jsonl", tmp_path / "index")
+    result = run_cli("audit-shortcuts", tmp_path / "index", "--attribute", "device", "--context-attribute", "merchant",
+                     "--out", tmp_path / "report", "--gallery", "3", "-q")
+    assert result.returncode == 0, result.stderr
+    html = (tmp_path / "report" / "audit.html").read_text()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert html.count("data:image/png") >= 5 and "data:image/jpeg" in html
+
+
+def test_literal_text_is_never_mathtext():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from receipt_embed.audit.report import literal
+
+    for text in ("$\\frac{$", "$x$", "a$b", "\\$", "$$"):
+        fig, ax = plt.subplots()
+        label = ax.set_title(literal(text))
+        fig.canvas.draw()  # bad mathtext would raise here
+        assert label._preprocess_math(label.get_text()) == (text, False)
+        plt.close(fig)
+
+
+# ---- shards -----------------------------------------------------------------------------
+
+def _shards(base):
+    from receipt_embed.indexing.shards import write_shard
+
+    rng = np.random.default_rng(2)
+    source = {"kind": "checkpoint", "checkpoint": "/x/best.pt", "checkpoint_sha256": "0" * 64, "dataset": "/x/data",
+              "dataset_sha256": None, "split": "all", "features": "backbone", "total": 8}
+    for shard in (0, 1):
+        items = [{"path": f"/x/{shard}-{i}.jpg", "receipt_id": f"r{i}", "device": "d", "split": "train"}
+                 for i in range(4)]
+        write_shard(base / f"s{shard}", rng.normal(size=(4, 6)).astype(np.float32), items,
+                    {**source, "shard": shard, "shards": 2, "rows": [4 * shard, 4 * shard + 4]})
+    return [base / "s0", base / "s1"]
+
+
+def _edit_shard(shard, change):
+    meta = json.loads((shard / "shard.json").read_text())
+    change(meta)
+    (shard / "shard.json").write_text(json.dumps(meta))
+
+
+def _shard_items(shard, change):
+    from receipt_embed.indexing.index_dir import sha256_file
+
+    (shard / "items.jsonl").write_text(change((shard / "items.jsonl").read_text()))
+    _edit_shard(shard, lambda meta: meta["files"].update({"items.jsonl": sha256_file(shard / "items.jsonl")}))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda s: _edit_shard(s, lambda m: m.update(files=["embeddings.npy"])), "shard.json: files is a list"),
+    (lambda s: _edit_shard(s, lambda m: m.update(shard="1")), "shard.json: shard is a str"),
+    (lambda s: _edit_shard(s, lambda m: m.pop("total")), "shard.json lacks 'total'"),
+    (lambda s: _shard_items(s, lambda text: text.replace('"r1"', "1")), "items.jsonl, row 1 (0-based): receipt_id"),
+], ids=["files a list", "shard a string", "no total", "receipt_id a number"])
+def test_index_merge_names_edited_shards(tmp_path, change, message):
+    shards = _shards(tmp_path)
+    change(shards[1])
+    result = run_cli("index-merge", *shards, "--out", tmp_path / "merged", "-q")
+    _one_clean_error(result, str(shards[1]), message)
+    assert not (tmp_path / "merged").exists()

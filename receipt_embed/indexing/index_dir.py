@@ -180,3 +180,14 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
         raise IndexDirError(f"{path / META_FILE}: search_params {meta.get('search_params')!r} do not apply to a "
                             f"{meta['factory']} index ({str(exc).strip().splitlines()[-1]})") from None
     return IndexDir(path, index, items, embeddings, meta)
+
+
+_load_index_dir_once = load_index_dir  # the checks live there; this wrapper only adds the swap-safe read
+
+
+def load_index_dir(path: str | Path, *args, **kwargs) -> IndexDir:  # noqa: F811
+    """Load an index dir, checking every file against index.json (``verify``); a dir swapped
+    for a new copy while it was read is read again, so the result is one copy, never a mix."""
+    from receipt_embed.outdir import consistent_read
+
+    return consistent_read(_load_index_dir_once, path, *args, **kwargs)

@@ -23,6 +23,8 @@ from receipt_embed.images import ImageRejected, decode_image
 from receipt_embed.ingest.duplicates import resolve_duplicates
 from receipt_embed.ingest.manifest import REQUIRED_COLUMNS, ManifestError, ManifestRow, find_manifest, read_manifest
 from receipt_embed.ingest.splits import SPLITS, assign_splits
+from receipt_embed.locking import write_lock
+from receipt_embed.outdir import check_replaceable, refuse_own_input, replace_dir
 
 MANIFEST_FILE = "manifest.jsonl"
 REPORT_FILE = "ingest_report.json"
@@ -198,12 +200,30 @@ def _report(source: Path, rows_read: int, kept: list[dict], rejected: list, dupl
     }
 
 
-def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | None = None, progress: bool = False) -> IngestResult:
+def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | None = None, progress: bool = False,
+           force: bool = False) -> IngestResult:
     """Check a manifest's captures and write the dataset dir; raises ManifestError for an
-    unreadable manifest, records every rejected row otherwise."""
+    unreadable manifest, records every rejected row otherwise.
+
+    The dir is written beside the old one and swapped in whole, under a writer lock, so
+    ``manifest.jsonl`` and ``ingest_report.json`` are always a matching pair; an existing
+    dataset dir is replaced only with ``force``, and never one that holds the source."""
     settings = settings or load_config().ingest
     manifest_path = find_manifest(source)
     root = manifest_path.parent.resolve()
+    refuse_own_input(out_dir, {"manifest folder": root})
+    with write_lock(out_dir):
+        check_replaceable(out_dir, "dataset", force)
+        ordered, report = _checked_rows(manifest_path, root, settings, progress)
+        refuse_own_input(out_dir, {f"capture (line {row['line']})": row["path"] for row in ordered})
+        with replace_dir(out_dir, "dataset", force) as staging:
+            atomic_write_jsonl(staging / MANIFEST_FILE, ordered)
+            atomic_write_json(staging / REPORT_FILE, report)
+    return IngestResult(Path(out_dir), ordered, report, report["rejected"])
+
+
+def _checked_rows(manifest_path: Path, root: Path, settings: IngestConfig, progress: bool) -> tuple[list[dict], dict]:
+    """The manifest's accepted rows (in dataset order) and the report."""
     rows = read_manifest(manifest_path)
     columns = set().union(*(row.fields for row in rows)) if rows else set()
     absent = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -227,9 +247,4 @@ def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | Non
         head = {k: row.pop(k) for k in ("path", "receipt_id", "device", "split", "sha256", "width", "height")}
         ordered.append({**head, **row})
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = _report(manifest_path, len(rows), ordered, rejected, duplicates, settings)
-    atomic_write_jsonl(out_dir / MANIFEST_FILE, ordered)
-    atomic_write_json(out_dir / REPORT_FILE, report)
-    return IngestResult(out_dir, ordered, report, report["rejected"])
+    return ordered, _report(manifest_path, len(rows), ordered, rejected, duplicates, settings)

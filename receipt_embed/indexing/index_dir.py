@@ -64,13 +64,22 @@ def _write_faiss(index, path: Path) -> None:
 
 
 def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
-                    features: str | None) -> dict:
-    """Write the four files of an index dir; returns the index.json written."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+                    features: str | None, force: bool = False) -> dict:
+    """Write the four files of an index dir; returns the index.json written.
+
+    The files go to a staging sibling that replaces ``out`` in one swap (``outdir.replace_dir``),
+    under ``out``'s writer lock: a reader, a kill or a full disk sees the old index or the new
+    one. An existing index dir is replaced only with ``force``."""
+    from receipt_embed.outdir import replace_dir
+
     if len(items) != len(embeddings) or built.index.ntotal != len(embeddings):
         raise ValueError(f"{len(items)} items, {len(embeddings)} embeddings and {built.index.ntotal} indexed vectors differ")
-    (out / META_FILE).unlink(missing_ok=True)  # a half-rewritten dir must not look complete
+    with replace_dir(out, "index", force) as staging:
+        return _write_index_files(staging, built, embeddings, items, source, features)
+
+
+def _write_index_files(out: Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
+                       features: str | None) -> dict:
     _write_faiss(built.index, out / INDEX_FILE)
     atomic_write_jsonl(out / ITEMS_FILE, items)
     with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:

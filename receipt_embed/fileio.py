@@ -86,9 +86,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException as exc:
+        free = free_bytes(path.parent) if is_disk_full(exc) else None  # before the partial file is removed
         Path(tmp).unlink(missing_ok=True)
         if is_disk_full(exc):
-            raise DiskFull(path, free_bytes(path.parent)) from None
+            raise DiskFull(path, free) from None
         raise
     fsync_dir(path.parent)
 

@@ -223,11 +223,13 @@ def replace_dir(out: str | os.PathLike, kind: str, force: bool = False, log=None
                 _sync_tree(staging)
             swap_in(staging, out)  # past here a SIGTERM kills outright; the next writer tidies up
         except BaseException as exc:
+            full = isinstance(exc, DiskFull) or is_disk_full(exc)
+            free = exc.free_bytes if isinstance(exc, DiskFull) else free_bytes(out.parent) if full else None
             shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, DiskFull) or is_disk_full(exc):
+            if full:
                 path = getattr(exc, "path", None) or getattr(exc, "filename", None) or staging
                 shown = out / Path(path).relative_to(staging) if Path(path).is_relative_to(staging) else path
-                raise DiskFull(shown, free_bytes(out.parent)) from None
+                raise DiskFull(shown, free) from None
             raise
 
 

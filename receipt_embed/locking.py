@@ -4,7 +4,8 @@ The lock file is ``PARENT/.NAME.lock`` (beside the dir, so it survives the dir b
 for a new copy) and holds JSON naming its holder: pid, host, command line and start time.
 The kernel releases a ``flock`` when its holder dies, so a lock file whose lock is free was
 left by a writer that was killed: it is taken over with a warning naming that writer.
-Readers take no lock; they rely on writes being atomic (``receipt_embed.outdir``).
+Readers take no lock; they rely on writes being atomic (``receipt_embed.outdir``). While
+the lock is held, SIGTERM unwinds the writer (``SystemExit(143)``) so it cleans up after itself.
 
 Under ``--nproc`` the launcher holds the lock and names it in ``HELD_LOCKS_ENV`` for its
 ranks, so rank 0 does not wait on its own parent.
@@ -16,8 +17,10 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -106,12 +109,31 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
         _held[key] = 1
         try:
-            yield path
+            with _sigterm_unwinds():
+                yield path
         finally:
             del _held[key]
             path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
     finally:
         os.close(fd)
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) in the main thread, so a writer stopped by it removes its lock
+    and its staging dir on the way out (a handler installed inside, e.g. training's, takes precedence)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _command_line() -> str:

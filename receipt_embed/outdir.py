@@ -19,8 +19,6 @@ import ctypes.util
 import errno
 import os
 import shutil
-import signal
-import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -183,23 +181,6 @@ def _sync_tree(root: Path) -> None:
 
 
 @contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM while staging raises SystemExit(143), so the staging dir is removed on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
 def replace_dir(out: str | os.PathLike, kind: str, force: bool = False, log=None) -> Iterator[Path]:
     """Lock ``out``, yield a fresh staging dir to write the new ``kind`` dir into, then swap it in.
 
@@ -217,11 +198,10 @@ def replace_dir(out: str | os.PathLike, kind: str, force: bool = False, log=None
             if is_disk_full(exc):
                 raise DiskFull(staging, free_bytes(out.parent)) from None
             raise
-        try:
-            with _sigterm_unwinds():
-                yield staging
-                _sync_tree(staging)
-            swap_in(staging, out)  # past here a SIGTERM kills outright; the next writer tidies up
+        try:  # a SIGTERM unwinds through here too (see locking.write_lock)
+            yield staging
+            _sync_tree(staging)
+            swap_in(staging, out)
         except BaseException as exc:
             full = isinstance(exc, DiskFull) or is_disk_full(exc)
             free = exc.free_bytes if isinstance(exc, DiskFull) else free_bytes(out.parent) if full else None

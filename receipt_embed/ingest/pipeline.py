@@ -142,13 +142,17 @@ def _check_files(candidates: list[dict], settings: IngestConfig, rejected: list,
     checked = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = pool.map(lambda c: _inspect(c, settings.max_pixels), candidates)
-        for candidate, facts in tqdm(
-            zip(candidates, results), total=len(candidates), desc="checking files", unit="file", disable=not progress
-        ):
-            if "reason" in facts:
-                rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
-            else:
-                checked.append({**candidate, **facts})
+        try:
+            for candidate, facts in tqdm(
+                zip(candidates, results), total=len(candidates), desc="checking files", unit="file", disable=not progress
+            ):
+                if "reason" in facts:
+                    rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
+                else:
+                    checked.append({**candidate, **facts})
+        except BaseException:  # SIGTERM, Ctrl-C: stop at once instead of decoding the rest first
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return checked
 
 

@@ -68,8 +68,16 @@ def discard(aside: Path | None) -> None:
 
 
 def settle_leftovers(run_dir: str | os.PathLike, log=None) -> None:
-    """Under the run's lock: finish what a ``--force`` writer killed mid-way left beside it."""
+    """Under the run's lock: finish what a ``--force`` writer killed mid-way left beside it, and
+    remove the temporary files of atomic writes a killed writer left in it."""
     run_dir = Path(os.path.abspath(run_dir))
+    temporary = [p for folder in (run_dir, run_dir / "checkpoints") if folder.is_dir()
+                 for p in folder.glob(".*.tmp") if p.is_file()]
+    for path in temporary:
+        path.unlink(missing_ok=True)
+    if temporary:
+        (log or warnings.warn)(f"removed {len(temporary)} temporary file(s) of an interrupted write in {run_dir} "
+                               f"({', '.join(p.name for p in temporary[:3])}{', ...' if len(temporary) > 3 else ''})")
     for aside in _aside_dirs(run_dir):
         if (run_dir / LAST_CHECKPOINT).exists():
             discard(aside)

@@ -69,7 +69,8 @@ def _open_locked(path: Path, out) -> int:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
-            raise DirLocked(f"{out} is being written by {_describe(holder)}: wait for it to finish or stop it") from None
+            message = f"{out} is being written by {_describe(holder)}: wait for it to finish or stop it"
+            raise DirLocked(message) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:

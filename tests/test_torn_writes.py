@@ -19,13 +19,22 @@ from conftest import REPO, TINY_TRAINING, builtin_registry, run_cli, train_tiny
 from test_overwrite import tree_digest, write_embeddings
 
 
-def test_a_torn_last_metrics_line_is_dropped_on_resume_not_a_refusal(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(dataset dir, run dir) of one tiny epoch; tests copy the run dir before changing it."""
+    base = tmp_path_factory.mktemp("trained")
+    dataset, _ = train_tiny(base)
+    return dataset, base / "run"
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume_not_a_refusal(tmp_path, trained):
     from receipt_embed.config import load_config
     from receipt_embed.fileio import read_jsonl
     from receipt_embed.training.checkpoint import load_checkpoint
     from receipt_embed.training.trainer import train
 
-    dataset, _ = train_tiny(tmp_path)
+    dataset = trained[0]
+    shutil.copytree(trained[1], tmp_path / "run")
     metrics = tmp_path / "run" / "metrics.jsonl"
     with open(metrics, "a") as handle:
         handle.write('{"epoch": 2, "steps": 7, "lo')  # a crash in the middle of the next append
@@ -159,3 +168,39 @@ def test_the_fallback_swap_without_renameat2_replaces_the_dir(tmp_path, monkeypa
         assert (out / "audit.json").read_text() == text and (out / "audit.html").read_text() == marker
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit"]
     shutil.rmtree(out)
+
+
+def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_path, trained):
+    from receipt_embed.config import load_config
+    from receipt_embed.plugin_manager import PluginLoader
+    from receipt_embed.training.rundir import set_aside, settle_leftovers
+    from receipt_embed.training.trainer import TrainingDiverged, train
+    from test_training import NAN_PLUGIN
+
+    dataset, run = trained[0], tmp_path / "run"
+    shutil.copytree(trained[1], run)
+    before = tree_digest(run)
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins")
+    loader.collect_components()
+    failing = load_config(overrides=[*TINY_TRAINING, "loss.name=nan_after", "loss.params={after: 0}"])
+    with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
+        train(failing, dataset, run, loader.registry, progress=False, log=lambda m: None, force=True)
+    assert tree_digest(run) == before, "a --force run that fails before its first checkpoint gives the old run back"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"]
+
+    # a --force run killed before its first checkpoint leaves the old run aside: the next writer restores it
+    set_aside(run)
+    (run / "config.yaml").write_text("the killed run's config")
+    with pytest.warns(UserWarning, match=r"restored the run in .* from \.run\.old-"):
+        settle_leftovers(run)
+    assert tree_digest(run) == before
+
+    train(load_config(overrides=TINY_TRAINING), dataset, run, builtin_registry(), progress=False, log=lambda m: None,
+          force=True)
+    after = tree_digest(run)
+    assert after != before and "checkpoints/last.pt" in after and len(after) == len(before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"], "the old run is gone once replaced"

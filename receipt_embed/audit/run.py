@@ -64,6 +64,7 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
     in ``skip_checks``; ``check_params`` (by check name) go to their factories. OUT is written
     whole under a writer lock (an existing report is replaced only with ``force``) and may not
     be, or hold, the index dir."""
+    from receipt_embed.indexing.index_dir import read_meta
     from receipt_embed.locking import write_lock
     from receipt_embed.outdir import check_replaceable, refuse_own_input, replace_dir
 
@@ -71,6 +72,7 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
     if out.exists() and not out.is_dir():
         raise ValueError(f"report dir {out} is a file; the report needs a directory")
     refuse_own_input(out, {"index dir": index_path})
+    read_meta(index_path)  # a missing index dir is named before the lock makes the report's parent
     with write_lock(out):
         check_replaceable(out, "audit", force)
         figures, html = _audit(index_path, attributes, k=k, rule=rule, gallery=gallery, context=context,

@@ -36,7 +36,8 @@ from receipt_embed.cli.options import InputError, load_registry
 @click.option("--check-set", "check_settings", multiple=True, metavar="NAME.KEY=VALUE",
               help="A parameter for a plugin audit check, e.g. hubness.max_skewness=5 (repeatable).")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
-@click.option("--force", is_flag=True, help="Replace an existing report in the report dir (written whole, then swapped in).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing report in the report dir (written whole, then swapped in).")
 def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z, max_probe_gain, gallery,
                     fail_on_shortcut, skip_checks, check_settings, quiet, force):
     """Does the embedding find a receipt's other captures, and does it cluster by capture

@@ -35,7 +35,8 @@ from receipt_embed.cli.options import InputError, load_registry
               help="Embed only slice I of N (0-based) into a shard dir; join the N shards with `index-merge`.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--force", is_flag=True,
-              help="Replace an existing index (or shard) dir in --out; the old one stays until the new one is complete.")
+              help="Replace an existing index (or shard) dir in --out; the old one stays until the new one is "
+                   "complete.")
 @click.pass_context
 def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest, out_dir, factory, target_recall,
           train_size, batch_size, shard, quiet, force):

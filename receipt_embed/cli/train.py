@@ -176,13 +176,13 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         with write_lock(out_dir) if main else nullcontext():  # reentrant: train() takes it again
-            _train(ctx, config, registry, data_dir, Path(out_dir), resume, sweep, quiet, nproc, force, world,
+            _train(config, registry, data_dir, Path(out_dir), resume, sweep, quiet, nproc, force, world,
                    config_file, overrides)
     except ValueError as exc:  # the lock is held by another writer, or the disk is full
         raise InputError(str(exc)) from None
 
 
-def _train(ctx, config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world, config_file,
+def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world, config_file,
            overrides) -> None:
     """The run itself, under the run dir's writer lock."""
     import os

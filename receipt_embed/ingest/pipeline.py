@@ -219,11 +219,23 @@ def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | Non
     with write_lock(out_dir):
         check_replaceable(out_dir, "dataset", force)
         ordered, report = _checked_rows(manifest_path, root, settings, progress)
-        refuse_own_input(out_dir, {f"capture (line {row['line']})": row["path"] for row in ordered})
+        _refuse_captures_inside(out_dir, ordered)
         with replace_dir(out_dir, "dataset", force) as staging:
             atomic_write_jsonl(staging / MANIFEST_FILE, ordered)
             atomic_write_json(staging / REPORT_FILE, report)
     return IngestResult(Path(out_dir), ordered, report, report["rejected"])
+
+
+def _refuse_captures_inside(out_dir, rows: list[dict]) -> None:
+    """Replacing ``out_dir`` would delete captures stored in it (paths are resolved already)."""
+    target = Path(out_dir).resolve()
+    if not target.is_dir():
+        return
+    prefix = str(target).rstrip(os.sep) + os.sep
+    inside = next((row for row in rows if row["path"].startswith(prefix)), None)
+    if inside is not None:
+        raise ValueError(f"--out {out_dir} holds the capture {inside['path']} (line {inside['line']}) this command "
+                         "reads; writing there would destroy its own input: choose another --out")
 
 
 def _checked_rows(manifest_path: Path, root: Path, settings: IngestConfig, progress: bool) -> tuple[list[dict], dict]:

@@ -15,8 +15,16 @@ import shutil
 import warnings
 from pathlib import Path
 
-RUN_FILES = ("checkpoints", "config.yaml", "metrics.jsonl", "data.json")  # checkpoints first: see set_aside
 LAST_CHECKPOINT = Path("checkpoints") / "last.pt"
+KEPT = "dataset"  # the samples `train` ingests into RUN_DIR/dataset when no --data is given: not the run's
+
+
+def run_entries(run_dir: Path) -> list[str]:
+    """What belongs to the run (its files and those its plugins wrote), ``checkpoints`` first."""
+    if not run_dir.is_dir():
+        return []
+    names = [p.name for p in run_dir.iterdir() if p.name != KEPT and not p.name.startswith(f".{KEPT}.")]
+    return sorted(names, key=lambda name: (name != "checkpoints", name))
 
 
 def _aside_dirs(run_dir: Path) -> list[Path]:
@@ -27,12 +35,12 @@ def _aside_dirs(run_dir: Path) -> list[Path]:
 
 
 def set_aside(run_dir: str | os.PathLike) -> Path | None:
-    """Move the run's own files into a sibling; returns it (None when there was no run).
+    """Move the run's files (all but ``dataset/``) into a sibling; returns it (None when there were none).
 
     ``checkpoints/`` moves first, so at every moment either ``run_dir`` still holds its
     ``last.pt`` (nothing moved yet) or the sibling holds it (see :func:`settle_leftovers`)."""
     run_dir = Path(os.path.abspath(run_dir))
-    present = [name for name in RUN_FILES if (run_dir / name).exists()]
+    present = run_entries(run_dir)
     if not present:
         return None
     aside = run_dir.parent / f".{run_dir.name}.old-{os.getpid()}"
@@ -46,7 +54,7 @@ def restore(run_dir: str | os.PathLike, aside: Path) -> None:
     """Put the old run's files back over whatever the new run wrote, and remove the sibling."""
     run_dir = Path(run_dir)
     old = {entry.name for entry in aside.iterdir()}
-    for name in RUN_FILES:  # the new run's files go, also those the old run did not have
+    for name in run_entries(run_dir):  # the new run's files go, also those the old run did not have
         if name not in old:
             _remove(run_dir / name)
     for name in sorted(old, key=lambda name: name == "checkpoints"):  # checkpoints last: last.pt means done

@@ -383,7 +383,8 @@ class Trainer:
         metrics = self.run_dir / METRICS_FILE
         if metrics.exists() and self.ctx.is_main:  # rank 0 alone reads and writes the run's files
             rows, torn = read_jsonl_tail_tolerant(metrics)
-            bad = [n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or not isinstance(m.get("epoch"), int)]
+            bad = [n for n, m in enumerate(rows, start=1)
+                   if not isinstance(m, dict) or not isinstance(m.get("epoch"), int)]
             if bad:
                 raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
             kept = [m for m in rows if m["epoch"] <= self.epoch]
@@ -627,7 +628,8 @@ def train(config: Config, data_dir, run_dir, registry, resume: bool = False, pro
         if main:
             refuse_other_kinds(run_dir)
             settle_leftovers(run_dir, log=None)
-        return Trainer(config, data_dir, run_dir, registry, resume=resume, progress=progress, log=log, force=force).run()
+        trainer = Trainer(config, data_dir, run_dir, registry, resume=resume, progress=progress, log=log, force=force)
+        return trainer.run()
 
 
 def refuse_other_kinds(run_dir) -> None:

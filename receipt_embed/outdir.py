@@ -222,23 +222,24 @@ def _dir_identity(path: Path):
     return info.st_dev, info.st_ino
 
 
-def consistent_read(read, path: str | Path, *args, **kwargs):
+def consistent_read(read, path: str | Path, *args, attempts: int = 4, **kwargs):
     """``read(path, ...)`` that never returns a mix of two copies of a dir: when the dir was
-    swapped for a new copy mid-read (or was briefly absent while a writer swapped it), read once more."""
+    swapped for a new copy mid-read (or was briefly absent while a writer swapped it), read again."""
     import time
 
     path = Path(path)
-    before = _dir_identity(path)
-    try:
-        result = read(path, *args, **kwargs)
-    except (OSError, ValueError):
-        if _dir_identity(path) == before is not None:
-            raise
-        time.sleep(0.05)
-        return read(path, *args, **kwargs)
-    if _dir_identity(path) != before:
-        return read(path, *args, **kwargs)
-    return result
+    for _ in range(attempts - 1):
+        before = _dir_identity(path)
+        try:
+            result = read(path, *args, **kwargs)
+        except (OSError, ValueError):
+            if _dir_identity(path) == before is not None:
+                raise  # a real error, not a swap under our feet
+            time.sleep(0.02)
+            continue
+        if _dir_identity(path) == before:
+            return result
+    return read(path, *args, **kwargs)
 
 
 __all__ = ["MARKERS", "check_replaceable", "clean_leftovers", "consistent_read", "dir_kind", "leftovers",

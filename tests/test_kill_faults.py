@@ -119,3 +119,27 @@ def test_kill_9_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
         settle_leftovers(run)  # what train does under the lock before it writes
     assert not list(run.rglob("*.tmp")) and load_checkpoint(run / "checkpoints" / "last.pt")
     assert not killed_mid_write or any("temporary" in str(w.message) for w in caught)
+
+
+def test_readers_see_one_whole_index_while_a_writer_swaps_it(tmp_path):
+    from receipt_embed.indexing import index_embeddings, load_index_dir
+    from receipt_embed.indexing.index_dir import sha256_file
+
+    old = write_embeddings(tmp_path, "old", 2000, dim=32)
+    new = write_embeddings(tmp_path, "new", 2500, dim=32, seed=1)
+    states = {sha256_file(old[0]): 2000, sha256_file(new[0]): 2500}
+    out = tmp_path / "ix"
+    index_embeddings(*old, out)
+    writer = start(INDEX_WRITER, out, *new, *old)
+    seen = set()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            loaded = load_index_dir(out)  # never blocked by the writer's lock, never a mix of two copies
+            digest = loaded.meta["source"]["embeddings_sha256"]
+            assert loaded.count == states[digest] == len(loaded.items) == loaded.index.ntotal
+            seen.add(digest)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert len(seen) == 2, "the writer never swapped while the reader read"

@@ -46,18 +46,43 @@ _AT_FDCWD = -100
 
 def dir_kind(path: str | os.PathLike) -> str | None:
     """``dataset``/``index``/``shard``/``audit``/``run`` for a dir we wrote, None for a missing
-    or empty dir (ignoring our own hidden lock and staging names), ``other`` for anything else."""
+    or empty dir (ignoring our own hidden lock and staging names), ``other`` for anything else.
+
+    A dir is ours only when its marker files are there and it holds nothing we did not write
+    (a run dir excepted: plugins write into it, and it is never replaced whole), so a user's
+    folder that happens to hold an ``index.json`` is not mistaken for an index dir."""
     path = Path(path)
     if not path.is_dir():
         return "other" if path.exists() or path.is_symlink() else None
+    entries = {entry.name for entry in path.iterdir() if not _ours_hidden(entry.name)}
+    if not entries:
+        return None
     for kind, markers in MARKERS.items():
         if all((path / name).exists() for name in markers):
-            return kind
+            known = _written_by_us(path, kind)
+            return kind if known is None or entries <= known else "other"
     for kind, names in PARTIAL.items():
-        entries = {entry.name for entry in path.iterdir() if not _ours_hidden(entry.name)}
-        if entries and entries <= {*names, *MARKERS[kind]}:
+        if entries <= {*names, *MARKERS[kind]}:
             return kind
-    return "other" if any(not _ours_hidden(entry.name) for entry in path.iterdir()) else None
+    return "other"
+
+
+def _written_by_us(path: Path, kind: str) -> set[str] | None:
+    """The top-level names a ``kind`` dir of ours may hold (None: any, for run dirs)."""
+    if kind == "run":
+        return None
+    names = {*MARKERS[kind], *PARTIAL.get(kind, ())}
+    if kind == "index":
+        names.add("audit")  # audit-shortcuts' default report dir
+    if kind in ("index", "shard"):  # and whatever files its record lists (e.g. verifier data)
+        import json
+
+        try:
+            record = json.loads((path / MARKERS[kind][0]).read_text(encoding="utf-8"))
+            names |= {Path(name).parts[0] for name in record.get("files", {}) if Path(name).parts}
+        except (OSError, ValueError, AttributeError, TypeError):
+            pass
+    return names
 
 
 def _ours_hidden(name: str) -> bool:

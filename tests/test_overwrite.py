@@ -137,3 +137,8 @@ def test_dir_kinds_tell_ours_from_the_users(tmp_path):
     assert dir_kind(partial) == "other"
     with pytest.raises(ValueError, match="never replaced"):
         check_replaceable(partial, "index", force=True)
+    website = tmp_path / "website"
+    website.mkdir()
+    (website / "index.json").write_text("{}")  # a marker file alone does not make a folder ours
+    (website / "index.html").write_text("<html>")
+    assert dir_kind(website) == "other"

@@ -106,11 +106,11 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
             (log or warnings.warn)(message)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": _command_line(),
                   "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
         _held[key] = 1
         try:
-            with _sigterm_unwinds():
+            with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
                 yield path
         finally:
             del _held[key]

@@ -109,6 +109,13 @@ def slow_source(base: Path, copies: int) -> Path:
     return source
 
 
+def _lock_named(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except OSError:
+        return False
+
+
 def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
     from receipt_embed.ingest import ingest
 
@@ -119,8 +126,11 @@ def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
     command = [sys.executable, "-m", "receipt_embed", "ingest", str(source), "--out", str(out), "-q", "--force"]
     interrupted = 0
-    for delay in (1.2, 1.8, 2.4):
+    for delay in (0.0, 0.15, 0.4):  # after ingest took its lock, i.e. while it checks files or writes
         child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not _lock_named(tmp_path / ".ds.lock") and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         time.sleep(delay)
         child.send_signal(signal.SIGTERM)
         _, err = child.communicate(timeout=60)

@@ -1,11 +1,14 @@
 """Atomic file writes: a crash mid-write never leaves a half-written output behind.
 
 Each write goes to a temporary file in the same folder, is flushed to disk, and is then
-renamed over the destination (an atomic operation on POSIX file systems).
+renamed over the destination (an atomic operation on POSIX file systems); the folder is
+synced too, so the rename itself survives a power cut. A full disk is a :class:`DiskFull`
+naming the file and the space left, never a bare ``OSError``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -21,6 +24,47 @@ def _current_umask() -> int:
 
 
 _UMASK = _current_umask()
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+class DiskFull(ValueError):
+    """No space (or quota) left while writing ``path``; one line for the user, exit code 2."""
+
+    def __init__(self, path, free_bytes: int | None):
+        free = "unknown space" if free_bytes is None else f"{free_bytes / 2**20:.1f} MiB"
+        super().__init__(f"no space left on device writing {path} ({free} free on that file system)")
+        self.path = str(path)
+        self.free_bytes = free_bytes
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system holding ``path``."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _FULL
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in ``path`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -31,6 +75,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(path, free_bytes(path.parent)) from None
         raise OSError(exc.errno, f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
@@ -39,9 +85,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        free = free_bytes(path.parent) if is_disk_full(exc) else None  # before the partial file is removed
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise DiskFull(path, free) from None
         raise
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -57,6 +107,55 @@ def atomic_write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     with atomic_open(path, "w") as handle:
         for row in rows:
             handle.write(json.dumps(row, sort_keys=False) + "\n")
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line with a single write, then flush it to disk: a crash leaves at most a
+    torn last line (see :func:`read_jsonl_tail_tolerant`), never a torn line mid-file."""
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            written = os.write(fd, data)
+            if written != len(data):  # only a full disk (or a signal) cuts a small append short
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
+                raise OSError(errno.ENOSPC, "short write")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(path, free_bytes(path)) from None
+        raise
+
+
+def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[dict], bool]:
+    """Rows of a JSON-lines file that is only ever appended to; a torn last line (no newline,
+    or not valid JSON: a writer killed mid-append) is dropped with a warning naming the file
+    and line. Returns (rows, whether a line was dropped); a bad line before the last is an
+    error, as in :func:`read_jsonl`."""
+    import warnings
+
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    lines = text.split("\n")
+    complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline
+    rows, dropped = [], None
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(complete) and not tail.strip():
+                dropped = number
+                break
+            raise ValueError(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
+    if tail.strip():
+        dropped = len(complete) + 1
+    if dropped is not None:
+        (warn or warnings.warn)(f"{path}, line {dropped}: dropped a torn last line (a write cut short by a crash)")
+    return rows, dropped is not None
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

@@ -62,20 +62,42 @@ def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, r
 def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *, k: int = 10,
               rule: FlagRule = FlagRule(), gallery: int = 8, context: tuple[str, ...] = (),
               registry=None, skip_checks=frozenset(), check_params: dict | None = None,
-              images_roots=(), log=lambda message: None) -> dict:
+              images_roots=(), log=lambda message: None, force: bool = False) -> dict:
     """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures.
 
     With a plugin ``registry``, its audit checks (``register_audit_checks``) run too, but those
     in ``skip_checks``; ``check_params`` (by check name) go to their factories. Thumbnails are
-    read only from the dataset's capture folders and ``images_roots`` (see audit.confine)."""
+    read only from the dataset's capture folders and ``images_roots`` (see audit.confine). OUT is written
+    whole under a writer lock (an existing report is replaced only with ``force``) and may not
+    be, or hold, the index dir."""
+    from receipt_embed.indexing.index_dir import read_meta
+    from receipt_embed.locking import write_lock
+    from receipt_embed.outdir import check_replaceable, refuse_own_input, replace_dir
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"report dir {out} is a file; the report needs a directory")
+    refuse_own_input(out, {"index dir": index_path})
+    read_meta(index_path)  # a missing index dir is named before the lock makes the report's parent
+    with write_lock(out):
+        check_replaceable(out, "audit", force)
+        figures, html = _audit(index_path, attributes, k=k, rule=rule, gallery=gallery, context=context,
+                               registry=registry, skip_checks=skip_checks, check_params=check_params,
+                               images_roots=images_roots, log=log)
+        with replace_dir(out, "audit", force) as staging:
+            atomic_write_json(staging / AUDIT_JSON, figures)
+            atomic_write_text(staging / AUDIT_HTML, html)
+    return figures
+
+
+def _audit(index_path, attributes, *, k, rule, gallery, context, registry, skip_checks, check_params,
+           images_roots, log) -> tuple[dict, str]:
+    """The figures and the HTML report of one audit."""
     import warnings
 
     from receipt_embed.audit import report
     from receipt_embed.indexing import load_index_dir
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"report dir {out} is a file; the report needs a directory")
     index_dir = load_index_dir(index_path)
     check_attributes(index_dir.items, [*attributes, *context], index_dir.path / "items.jsonl")
     log(f"auditing {index_dir.count} items for {', '.join([*attributes, *context])}")
@@ -129,9 +151,7 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
         "index": {**figures["index"], "source": source_text}, "max_projected": report.MAX_PROJECTED,
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "version": __version__,
     })
-    atomic_write_json(out / AUDIT_JSON, figures)
-    atomic_write_text(out / AUDIT_HTML, html)
-    return figures
+    return figures, html
 
 
 def _num(value, digits=3):

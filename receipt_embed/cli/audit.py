@@ -39,8 +39,10 @@ from receipt_embed.cli.options import InputError, load_registry
               help="Folder the gallery may read thumbnails from besides the dataset's capture folders "
                    "(repeatable); images anywhere else are not read.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing report in the report dir (written whole, then swapped in).")
 def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z, max_probe_gain, gallery,
-                    fail_on_shortcut, skip_checks, check_settings, images_roots, quiet):
+                    fail_on_shortcut, skip_checks, check_settings, images_roots, quiet, force):
     """Does the embedding find a receipt's other captures, and does it cluster by capture
     metadata (device, ...) more than chance? Writes audit.json and a self-contained audit.html.
 
@@ -64,7 +66,7 @@ def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z,
                             rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery,
                             context=tuple(dict.fromkeys(c for c in context if c not in attributes)),
                             registry=registry, skip_checks=skip, check_params=params,
-                            images_roots=images_roots, log=log)
+                            images_roots=images_roots, log=log, force=force)
     except (IndexDirError, OSError, ValueError, AuditCheckError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))

@@ -56,23 +56,38 @@ def meta_first_path(index_dir: Path) -> str:
 @click.option("--samples", type=click.Path(file_okay=False, exists=True), default=None,
               help="Sample folder with manifest.csv [data_samples/, generated if absent].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--force", is_flag=True,
+              help="Replace a demo run already in OUT (each part is kept until its new copy is complete).")
 @config_options
 @click.pass_context
-def demo(ctx, out_dir, samples, quiet, config_file, overrides):
+def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
     """Run ingest -> train -> index -> audit on data_samples/ and leave the results in OUT.
 
     Settings: configs/default.yaml, then configs/demo.yaml, then --config and --set."""
     from receipt_embed.config import DEMO_CONFIG
-    from receipt_embed.ingest import ingest
-    from receipt_embed.training.trainer import train
+    from receipt_embed.locking import write_lock
 
-    PLUGIN_FAILURES = _plugin_failures()  # noqa: N806
     config = resolve_config([str(DEMO_CONFIG), *([config_file] if config_file else [])], overrides)
     registry = load_registry(ctx, config)
     check_components(config, registry)
     out = Path(out_dir)
-    if (out / "run" / "checkpoints" / "last.pt").exists():
-        raise InputError(f"{out} already holds a demo run; remove it or pass another --out")
+    try:
+        with write_lock(out):
+            if (out / "run" / "checkpoints" / "last.pt").exists() and not force:
+                raise InputError(f"{out} already holds a demo run; pass --force to replace it, remove it or pass "
+                                 "another --out")
+            _run_demo(config, registry, out, samples, quiet)
+    except (OSError, ValueError) as exc:  # a second writer, a full disk, a part of OUT that is not ours
+        raise InputError(str(exc)) from None
+
+
+def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
+    """The four steps; each part of OUT is ours (the demo's own check came first), so each replaces its old copy."""
+    from receipt_embed.fileio import atomic_write_json
+    from receipt_embed.ingest import ingest
+    from receipt_embed.training.trainer import train
+
+    PLUGIN_FAILURES = _plugin_failures()  # noqa: N806
     progress = not quiet and sys.stderr.isatty()
     started = time.perf_counter()
     source = Path(samples) if samples else find_samples()
@@ -84,20 +99,20 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
         make_samples(source, receipts=60, devices=3, seed=0)
 
     click.echo(f"[1/4] ingest {source} -> {out / 'dataset'}")
-    result = ingest(source, out / "dataset", config.ingest, progress=progress)
+    result = ingest(source, out / "dataset", config.ingest, progress=progress, force=True)
     click.echo(result.summary())
 
     click.echo(f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
                f"{config.train.epochs} epochs -> {out / 'run'}")
     try:
-        trained = train(config, out / "dataset", out / "run", registry, progress=progress,
+        trained = train(config, out / "dataset", out / "run", registry, progress=progress, force=True,
                         log=(lambda message: None) if quiet else (lambda message: click.echo(f"  {message}")))
     except PLUGIN_FAILURES as exc:
         raise InputError(str(exc)) from None
     click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
 
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
-    (out / "heldout_retrieval.json").write_text(json.dumps(figures, indent=2) + "\n")
+    atomic_write_json(out / "heldout_retrieval.json", figures)
     for features, f in figures.items():
         click.echo(f"  held-out ({f['n_queries']} captures) {features} features: recall@1 {f['recall_at_1']:.3f}, "
                    f"recall@5 {f['recall_at_5']:.3f}, mAP {f['map']:.3f}")
@@ -107,7 +122,7 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
     click.echo(f"[3/4] index the held-out captures ({features} features, the ones the checkpoint was selected on) "
                f"-> {out / 'index'}")
     meta = index_dataset(out / "run" / "checkpoints" / "best.pt", out / "dataset", out / "index", registry,
-                         split="heldout", features=features, progress=progress)
+                         split="heldout", features=features, progress=progress, force=True)
     click.echo(f"  {meta['count']} items of dim {meta['dim']}. Try: receipt-embed search {out / 'index'} "
                f"{meta_first_path(out / 'index')} --k 3\n  (the query itself comes first, marked [same file]; "
                "its receipt's other captures should follow)")
@@ -115,7 +130,8 @@ def demo(ctx, out_dir, samples, quiet, config_file, overrides):
 
     click.echo(f"[4/4] audit-shortcuts {out / 'index'} for device (merchant as context) -> {out / 'audit'}")
     try:
-        figures = run_audit(out / "index", ["device"], out / "audit", context=("merchant",), registry=registry)
+        figures = run_audit(out / "index", ["device"], out / "audit", context=("merchant",), registry=registry,
+                            force=True)
     except PLUGIN_FAILURES as exc:
         raise InputError(str(exc)) from None
     click.echo("\n".join(f"  {line}" for line in summary(figures).splitlines()))

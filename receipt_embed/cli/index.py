@@ -35,13 +35,20 @@ from receipt_embed.display import printable
 @click.option("--shard", default=None, metavar="I/N",
               help="Embed only slice I of N (0-based) into a shard dir; join the N shards with `index-merge`.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing index (or shard) dir in --out; the old one stays until the new one is "
+                   "complete.")
 @click.pass_context
 def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest, out_dir, factory, target_recall,
-          train_size, batch_size, shard, quiet):
+          train_size, batch_size, shard, quiet, force):
     """Embed captures (or take external embeddings) into a FAISS index dir.
 
     Vectors are L2-normalised and searched by inner product (cosine similarity). The dir
-    holds index.faiss, items.jsonl, embeddings.npy and index.json (checksums, source)."""
+    holds index.faiss, items.jsonl, embeddings.npy and index.json (checksums, source).
+
+    OUT is written beside the old copy and swapped in complete (searches never see a half-written
+    index); an existing index dir needs --force; a dir of another kind, or one holding the
+    inputs, is never replaced."""
     from receipt_embed.config import ConfigError
     from receipt_embed.indexing import IndexBuildError, index_dataset, index_embeddings
     from receipt_embed.ingest.manifest import ManifestError
@@ -49,7 +56,8 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
     from receipt_embed.training.checkpoint import CheckpointError
 
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
-    options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log}
+    options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log,
+               "force": force}
     given = {name for name in ("split", "features", "batch_size", "target_recall", "train_size")
              if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
     if shard is None and factory.replace(" ", "") in ("Flat", "IDMap,Flat") and given & {"target_recall", "train_size"}:
@@ -82,7 +90,7 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
                                      "the merge builds the index")
                 meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split, features=features,
                                      batch_size=batch_size, progress=not quiet and sys.stderr.isatty(),
-                                     shard=parse_shard(shard), log=log)
+                                     shard=parse_shard(shard), log=log, force=force)
                 click.echo(f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
                            f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`")
                 return
@@ -107,7 +115,8 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
 @click.option("--train-size", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Approximate indexes: vectors sampled across all shards to train the one shared quantizer.")
 @click.option("--quiet", "-q", is_flag=True, help="Less output.")
-def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet):
+@click.option("--force", is_flag=True, help="Replace an existing index dir in --out (swapped in once complete).")
+def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet, force):
     """Join the shard dirs of `index --shard I/N` (all N of them) into one index dir.
 
     \b
@@ -120,7 +129,7 @@ def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet):
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     try:
         meta = merge_shards(list(shard_dirs), out_dir, factory=factory, target_recall=target_recall,
-                            train_size=train_size, log=log)
+                            train_size=train_size, log=log, force=force)
     except (IndexBuildError, IndexDirError, OSError, ValueError, KeyError) as exc:
         raise InputError(str(exc)) from None
     click.echo(f"Merged {len(shard_dirs)} shards: {meta['count']} items of dim {meta['dim']} with "

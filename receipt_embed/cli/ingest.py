@@ -34,15 +34,20 @@ def _ratios(ctx, param, value):
 @click.option("--merge-duplicates", is_flag=True, default=None, help="Join receipt_ids whose files are identical.")
 @click.option("--strict", is_flag=True, help="Exit with code 1 when any row was rejected.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing dataset dir in --out (swapped in whole once the new one is complete).")
 @config_options
 def ingest(source, out_dir, split_ratios, seed, max_pixels, max_bytes, allow_absolute_paths, merge_duplicates, strict,
-           quiet, config_file, overrides):
+           quiet, force, config_file, overrides):
     """Check every capture listed in SOURCE (a CSV/JSONL manifest, or a folder holding
     manifest.csv or manifest.jsonl) and write OUT/manifest.jsonl and OUT/ingest_report.json.
 
     Rejected rows are listed with their line and reason in the report; identical files are
     merged (same receipt) or flagged (different receipts); splits are by receipt. Exit code 1
-    when no capture was accepted, or with --strict when any row was rejected."""
+    when no capture was accepted, or with --strict when any row was rejected.
+
+    OUT is written beside the old copy and swapped in complete; an existing dataset dir needs
+    --force, and a folder that is not a dataset dir (or holds SOURCE) is never replaced."""
     from receipt_embed.ingest import ManifestError
     from receipt_embed.ingest import ingest as run_ingest
 
@@ -57,8 +62,8 @@ def ingest(source, out_dir, split_ratios, seed, max_pixels, max_bytes, allow_abs
     extra = [f"ingest.{key}={value}" for key, value in flags.items() if value is not None]
     config = resolve_config(config_file, [*overrides, *extra])
     try:
-        result = run_ingest(source, out_dir, config.ingest, progress=not quiet and sys.stderr.isatty())
-    except ManifestError as exc:
+        result = run_ingest(source, out_dir, config.ingest, progress=not quiet and sys.stderr.isatty(), force=force)
+    except (ManifestError, OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
     click.echo(result.summary())
     for entry in result.rejected[:10]:

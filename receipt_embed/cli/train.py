@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
@@ -22,11 +23,11 @@ def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, 
         raise InputError("no --data given and data_samples/ not found; run `receipt-embed ingest` first")
     target = out_dir / "dataset"
     log(f"no --data given: ingesting {samples} into {target}")
-    ingest(samples, target, config.ingest, progress=progress)
+    ingest(samples, target, config.ingest, progress=progress, force=True)  # the run's own copy of the samples
     return target
 
 
-def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int) -> None:
+def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int, force: bool = False) -> None:
     """Checks made once, before launching N processes (so a mistake is one line, exit 2)."""
     from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
     from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
@@ -42,15 +43,18 @@ def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int) -> Non
         if saved != nproc:
             raise CheckpointError(f"{last} was written by a run over {saved} process(es); resume it with the same "
                                   f"number (--nproc {saved}), not {nproc}: the global batches would differ")
-    elif last.exists():
-        raise CheckpointError(f"{out} already holds a run ({last}); pass --resume to continue it or choose another --out")
+    elif last.exists() and not force:
+        raise CheckpointError(f"{out} already holds a run ({last}); pass --resume to continue it, --force to replace it, "
+                              "or choose another --out")
 
 
-def launch_torchrun(nproc: int) -> int:
+def launch_torchrun(nproc: int, out: Path) -> int:
     """Re-run this command line under torchrun with ``nproc`` processes; returns its exit code.
 
     SIGINT/SIGTERM are passed on to torchrun (which stops the ranks; rank 0 saves last.pt)
-    and the launcher waits for it, then exits with 130 as a single-process run would."""
+    and the launcher waits for it, then exits with 130 as a single-process run would. The
+    launcher holds the run dir's writer lock and tells the ranks so (``HELD_LOCKS_ENV``)."""
+    import os
     import shlex
     import signal
     import subprocess
@@ -67,7 +71,9 @@ def launch_torchrun(nproc: int) -> int:
                "-m", "receipt_embed", *args]
     click.echo("launching " + shlex.join(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "receipt_embed", *args]),
                err=True)
-    child = subprocess.Popen(command)
+    from receipt_embed.locking import held_locks_env
+
+    child = subprocess.Popen(command, env={**os.environ, **held_locks_env(out)})
     received = []
 
     def forward(signum, frame):
@@ -108,14 +114,18 @@ def worker_message(exc: Exception) -> str:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars; one log line per epoch.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes on this machine (torch.distributed via torchrun; gloo on CPU, nccl on GPU).")
+@click.option("--force", is_flag=True,
+              help="Replace the run in --out: its files are set aside and deleted only once the new run has written "
+                   "its first checkpoint (restored if it stops before).")
 @config_options
 @click.pass_context
-def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, overrides):
+def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_file, overrides):
     """Train an encoder so that captures of one receipt embed close together.
 
     SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130); --resume continues.
     --nproc N (or `torchrun --nproc-per-node N -m receipt_embed train ...`) splits each global
-    batch over N processes; the loss still sees the whole batch. Needs --data."""
+    batch over N processes; the loss still sees the whole batch. Needs --data.
+    One writer per run dir: a second `train` into the same --out is refused while the first runs."""
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -134,13 +144,6 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
             raise InputError("distributed training needs --data DATASET_DIR (run `receipt-embed ingest` first)")
         if sweep is not None:
             raise InputError("--sweep runs one process per value; it cannot be combined with --nproc")
-    from receipt_embed.config import ConfigError
-    from receipt_embed.registry import ComponentError
-    from receipt_embed.plugin_manager import PluginLoadError
-    from receipt_embed.training.checkpoint import CheckpointError
-    from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
-    from receipt_embed.training.trainer import train as run_training
-
     saved = Path(out_dir) / "config.yaml"
     from_run_dir = resume and config_file is None and saved.is_file()
     if from_run_dir:
@@ -166,15 +169,39 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
         raise
     if config.plugins.dir is None:
         config.plugins.dir = recorded  # keep the record for the next resume
+    if resume and force:
+        raise InputError("--resume continues the run in --out and --force replaces it: give one of them")
+    from receipt_embed.locking import write_lock
+
+    main = int(os.environ.get("RANK", "0")) == 0
+    try:
+        with write_lock(out_dir) if main else nullcontext():  # reentrant: train() takes it again
+            _train(config, registry, data_dir, Path(out_dir), resume, sweep, quiet, nproc, force, world,
+                   config_file, overrides)
+    except ValueError as exc:  # the lock is held by another writer, or the disk is full
+        raise InputError(str(exc)) from None
+
+
+def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world, config_file,
+           overrides) -> None:
+    """The run itself, under the run dir's writer lock."""
+    import os
+
+    from receipt_embed.config import ConfigError
+    from receipt_embed.plugin_manager import PluginLoadError
+    from receipt_embed.registry import ComponentError
+    from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
+    from receipt_embed.training.trainer import train as run_training
+
     if nproc > 1 and world == 1:
         try:
-            preflight(config, data_dir, Path(out_dir), resume, nproc)
+            preflight(config, data_dir, out, resume, nproc, force)
         except (CheckpointError, FileNotFoundError, ValueError) as exc:
             raise InputError(str(exc)) from None
-        raise SystemExit(launch_torchrun(nproc))
+        raise SystemExit(launch_torchrun(nproc, out))
     progress = not quiet and sys.stderr.isatty()
     log = lambda message: click.echo(message, err=True)  # noqa: E731
-    out = Path(out_dir)
 
     try:
         data = ensure_dataset(data_dir, out, config, progress, log)
@@ -184,11 +211,11 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, config_file, over
             from receipt_embed.training.sweep import format_sweep, run_sweep
 
             summary = run_sweep(sweep, config_file, overrides, data, out, registry, progress=progress, log=log,
-                                plugins_dir=config.plugins.dir)
+                                plugins_dir=config.plugins.dir, force=force)
             click.echo(format_sweep(summary))
             click.echo(f"Wrote {out / 'sweep.json'}; losses at different values are not compared")
             return
-        result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log)
+        result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log, force=force)
     except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as exc:
         raise InputError(worker_message(exc)) from None
     except PluginLoadError as exc:  # a plugin hook failed under --strict-plugins

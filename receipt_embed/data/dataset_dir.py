@@ -35,7 +35,14 @@ class Captures:
 
 
 def load_dataset_dir(path: str | Path) -> list[dict]:
-    """All rows of ``DATASET_DIR/manifest.jsonl``; a missing file says how to make one."""
+    """All rows of ``DATASET_DIR/manifest.jsonl``; a missing file says how to make one. A
+    dataset dir swapped for a new copy by ``ingest --force`` while it was read is read again."""
+    from receipt_embed.outdir import consistent_read
+
+    return consistent_read(_load_dataset_dir_once, path)
+
+
+def _load_dataset_dir_once(path: str | Path) -> list[dict]:
     manifest = Path(path) / MANIFEST_FILE
     if not manifest.is_file():
         raise FileNotFoundError(f"{manifest} not found: is {path} a dataset dir written by `receipt-embed ingest`?")

@@ -12,6 +12,8 @@ import numpy as np
 
 from receipt_embed.indexing.factory import build_index
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
+from receipt_embed.locking import write_lock
+from receipt_embed.outdir import check_replaceable, refuse_own_input
 
 # bookkeeping columns of a dataset dir's manifest.jsonl that say nothing about the capture
 # (mtime_ns only serves to detect files replaced since ingest)
@@ -29,9 +31,23 @@ def checkpoint_source(checkpoint: str | Path) -> dict:
 
 def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path, registry, *, split: str = "all",
                   factory: str = "Flat", features: str = "backbone", batch_size: int = 128, progress: bool = False,
-                  shard: tuple[int, int] | None = None, log=lambda message: None, **build_options) -> dict:
+                  shard: tuple[int, int] | None = None, log=lambda message: None, force: bool = False,
+                  **build_options) -> dict:
     """Embed a dataset dir's captures with a checkpoint and write an index dir (or, with
-    ``shard=(i, n)``, a shard dir holding rows i/n of them for ``index-merge``)."""
+    ``shard=(i, n)``, a shard dir holding rows i/n of them for ``index-merge``).
+
+    ``out`` is locked for the whole job and replaced whole at the end; an existing index (or
+    shard) dir only with ``force``; an ``out`` that is or holds the dataset or checkpoint never."""
+    refuse_own_input(out, {"dataset dir": data_dir, "checkpoint": checkpoint})
+    with write_lock(out):  # held from the checks to the swap: a second writer is refused before embedding
+        check_replaceable(out, "index" if shard is None else "shard", force)
+        return _index_dataset(checkpoint, data_dir, out, registry, split=split, factory=factory, features=features,
+                              batch_size=batch_size, progress=progress, shard=shard, log=log, force=force,
+                              **build_options)
+
+
+def _index_dataset(checkpoint, data_dir, out, registry, *, split, factory, features, batch_size, progress, shard, log,
+                   force, **build_options) -> dict:
     from receipt_embed.data.dataset_dir import load_dataset_dir, select_split, verify_captures
     from receipt_embed.embedding import load_model
 
@@ -58,13 +74,14 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
                                          [r.get("sha256") for r in rows])
         meta = {**source, "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"), "features": features,
                 "shard": shard[0], "shards": shard[1], "total": len(captures), "rows": [start, end]}
-        return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta)
+        return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta, force=force)
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
     embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress, captures.digests)
     if (Path(out) / "shard.json").exists():
         raise ValueError(f"--out {out} is a shard dir; write the index to its own dir")
     built = build_index(embeddings, factory, log=log, **build_options)
-    return write_index_dir(out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features)
+    return write_index_dir(out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features,
+                           force=force)
 
 
 def embed_paths_checked(loaded, paths, features, batch_size, progress, digests=None) -> np.ndarray:
@@ -142,8 +159,16 @@ def load_embeddings(path: str | Path) -> np.ndarray:
 
 
 def index_embeddings(embeddings_path: str | Path, manifest: str | Path, out: str | Path, *, factory: str = "Flat",
-                     log=lambda message: None, **build_options) -> dict:
-    """An index dir from another model's embeddings; row i belongs to the manifest's row i."""
+                     log=lambda message: None, force: bool = False, **build_options) -> dict:
+    """An index dir from another model's embeddings; row i belongs to the manifest's row i.
+    ``out`` is replaced whole (an existing index dir only with ``force``), never an input."""
+    refuse_own_input(out, {"embeddings file": embeddings_path, "manifest": manifest})
+    with write_lock(out):
+        check_replaceable(out, "index", force)
+        return _index_embeddings(embeddings_path, manifest, out, factory=factory, log=log, force=force, **build_options)
+
+
+def _index_embeddings(embeddings_path, manifest, out, *, factory, log, force, **build_options) -> dict:
     embeddings = load_embeddings(embeddings_path)
     manifest_path, items = read_items_manifest(manifest)
     if len(items) != len(embeddings):
@@ -152,4 +177,4 @@ def index_embeddings(embeddings_path: str | Path, manifest: str | Path, out: str
     source = {"kind": "embeddings", "embeddings": str(Path(embeddings_path).resolve()),
               "embeddings_sha256": sha256_file(embeddings_path), "manifest": str(manifest_path.resolve())}
     built = build_index(embeddings, factory, log=log, **build_options)
-    return write_index_dir(out, built, built_vectors(embeddings), items, source, None)
+    return write_index_dir(out, built, built_vectors(embeddings), items, source, None, force=force)

@@ -70,13 +70,22 @@ def _write_faiss(index, path: Path) -> None:
 
 
 def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
-                    features: str | None) -> dict:
-    """Write the four files of an index dir; returns the index.json written."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+                    features: str | None, force: bool = False) -> dict:
+    """Write the four files of an index dir; returns the index.json written.
+
+    The files go to a staging sibling that replaces ``out`` in one swap (``outdir.replace_dir``),
+    under ``out``'s writer lock: a reader, a kill or a full disk sees the old index or the new
+    one. An existing index dir is replaced only with ``force``."""
+    from receipt_embed.outdir import replace_dir
+
     if len(items) != len(embeddings) or built.index.ntotal != len(embeddings):
         raise ValueError(f"{len(items)} items, {len(embeddings)} embeddings and {built.index.ntotal} indexed vectors differ")
-    (out / META_FILE).unlink(missing_ok=True)  # a half-rewritten dir must not look complete
+    with replace_dir(out, "index", force) as staging:
+        return _write_index_files(staging, built, embeddings, items, source, features)
+
+
+def _write_index_files(out: Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
+                       features: str | None) -> dict:
     _write_faiss(built.index, out / INDEX_FILE)
     atomic_write_jsonl(out / ITEMS_FILE, items)
     with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:
@@ -218,3 +227,14 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
         raise IndexDirError(f"{path / META_FILE}: search_params {meta.get('search_params')!r} do not apply to a "
                             f"{meta['factory']} index ({str(exc).strip().splitlines()[-1]})") from None
     return IndexDir(path, index, items, embeddings, meta)
+
+
+_load_index_dir_once = load_index_dir  # the checks live there; this wrapper only adds the swap-safe read
+
+
+def load_index_dir(path: str | Path, *args, **kwargs) -> IndexDir:  # noqa: F811
+    """Load an index dir, checking every file against index.json (``verify``); a dir swapped
+    for a new copy while it was read is read again, so the result is one copy, never a mix."""
+    from receipt_embed.outdir import consistent_read
+
+    return consistent_read(_load_index_dir_once, path, *args, **kwargs)

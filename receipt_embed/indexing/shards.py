@@ -37,12 +37,17 @@ def shard_rows(total: int, shard: int, shards: int) -> tuple[int, int]:
     return total * shard // shards, total * (shard + 1) // shards
 
 
-def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: dict) -> dict:
-    out = Path(out)
-    if (out / "index.json").exists():
+def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: dict, force: bool = False) -> dict:
+    """A shard dir, written beside the old one and swapped in whole (``outdir.replace_dir``)."""
+    from receipt_embed.outdir import replace_dir
+
+    if (Path(out) / "index.json").exists():
         raise ValueError(f"--out {out} holds an index dir; write the shard to its own dir")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SHARD_FILE).unlink(missing_ok=True)
+    with replace_dir(out, "shard", force) as staging:
+        return _write_shard_files(staging, vectors, items, meta)
+
+
+def _write_shard_files(out: Path, vectors: np.ndarray, items: list[dict], meta: dict) -> dict:
     with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:
         np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
     atomic_write_jsonl(out / ITEMS_FILE, items)
@@ -110,10 +115,11 @@ def check_shards(metas: list[tuple[Path, dict]]) -> None:
 
 
 def merge_shards(shard_dirs: list[str | Path], out: str | Path, *, factory: str = "Flat",
-                 log=lambda message: None, **build_options) -> dict:
-    """One index dir from all shards of a job, in row order."""
-    from receipt_embed.indexing.factory import build_index
-    from receipt_embed.indexing.index_dir import write_index_dir
+                 log=lambda message: None, force: bool = False, **build_options) -> dict:
+    """One index dir from all shards of a job, in row order; ``out`` is replaced whole (an
+    existing index dir only with ``force``) and may not be or hold a shard."""
+    from receipt_embed.locking import write_lock
+    from receipt_embed.outdir import check_replaceable, refuse_own_input
 
     target = Path(out).resolve()
     for shard_dir in shard_dirs:
@@ -121,6 +127,16 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path, *, factory: str 
             raise ValueError(f"--out {out} is one of the shards being merged; write the index elsewhere")
     if (target / SHARD_FILE).exists():
         raise ValueError(f"--out {out} is a shard dir; write the merged index to a new dir")
+    refuse_own_input(out, {f"shard dir #{number}": path for number, path in enumerate(shard_dirs, start=1)})
+    with write_lock(out):
+        check_replaceable(out, "index", force)
+        return _merge_shards(shard_dirs, out, factory=factory, log=log, force=force, **build_options)
+
+
+def _merge_shards(shard_dirs, out, *, factory, log, force, **build_options) -> dict:
+    from receipt_embed.indexing.factory import build_index
+    from receipt_embed.indexing.index_dir import write_index_dir
+
     loaded = [(Path(p), *read_shard(p)) for p in shard_dirs]
     check_shards([(path, meta) for path, meta, _, _ in loaded])
     loaded.sort(key=lambda entry: entry[1]["shard"])
@@ -132,4 +148,4 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path, *, factory: str 
     source = {"kind": "checkpoint", "checkpoint": meta["checkpoint"], "checkpoint_sha256": meta["checkpoint_sha256"],
               "dataset": meta["dataset"], "dataset_sha256": meta.get("dataset_sha256"), "split": meta["split"],
               "shards": meta["shards"]}
-    return write_index_dir(out, built, vectors, items, source, meta["features"])
+    return write_index_dir(out, built, vectors, items, source, meta["features"], force=force)

@@ -27,6 +27,8 @@ from receipt_embed.ingest.manifest import (REQUIRED_COLUMNS, ManifestError, Mani
                                            find_manifest, read_manifest)
 from receipt_embed.ingest.splits import SPLITS, assign_splits
 from receipt_embed.userfiles import UnusableFile, open_regular
+from receipt_embed.locking import write_lock
+from receipt_embed.outdir import check_replaceable, refuse_own_input, replace_dir
 
 MANIFEST_FILE = "manifest.jsonl"
 REPORT_FILE = "ingest_report.json"
@@ -175,13 +177,17 @@ def _check_files(candidates: list[dict], settings: IngestConfig, rejected: list,
     checked = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = pool.map(lambda c: _inspect(c, settings.max_pixels, settings.max_bytes), candidates)
-        for candidate, facts in tqdm(
-            zip(candidates, results), total=len(candidates), desc="checking files", unit="file", disable=not progress
-        ):
-            if "reason" in facts:
-                rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
-            else:
-                checked.append({**candidate, **facts})
+        try:
+            for candidate, facts in tqdm(
+                zip(candidates, results), total=len(candidates), desc="checking files", unit="file", disable=not progress
+            ):
+                if "reason" in facts:
+                    rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
+                else:
+                    checked.append({**candidate, **facts})
+        except BaseException:  # SIGTERM, Ctrl-C: stop at once instead of decoding the rest first
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return checked
 
 
@@ -233,12 +239,42 @@ def _report(source: Path, rows_read: int, kept: list[dict], rejected: list, dupl
     }
 
 
-def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | None = None, progress: bool = False) -> IngestResult:
+def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | None = None, progress: bool = False,
+           force: bool = False) -> IngestResult:
     """Check a manifest's captures and write the dataset dir; raises ManifestError for an
-    unreadable manifest, records every rejected row otherwise."""
+    unreadable manifest, records every rejected row otherwise.
+
+    The dir is written beside the old one and swapped in whole, under a writer lock, so
+    ``manifest.jsonl`` and ``ingest_report.json`` are always a matching pair; an existing
+    dataset dir is replaced only with ``force``, and never one that holds the source."""
     settings = settings or load_config().ingest
     manifest_path = find_manifest(source)
     root = manifest_path.parent.resolve()
+    refuse_own_input(out_dir, {"manifest folder": root})
+    with write_lock(out_dir):
+        check_replaceable(out_dir, "dataset", force)
+        ordered, report = _checked_rows(manifest_path, root, settings, progress)
+        _refuse_captures_inside(out_dir, ordered)
+        with replace_dir(out_dir, "dataset", force) as staging:
+            atomic_write_jsonl(staging / MANIFEST_FILE, ordered)
+            atomic_write_json(staging / REPORT_FILE, report)
+    return IngestResult(Path(out_dir), ordered, report, report["rejected"])
+
+
+def _refuse_captures_inside(out_dir, rows: list[dict]) -> None:
+    """Replacing ``out_dir`` would delete captures stored in it (paths are resolved already)."""
+    target = Path(out_dir).resolve()
+    if not target.is_dir():
+        return
+    prefix = str(target).rstrip(os.sep) + os.sep
+    inside = next((row for row in rows if row["path"].startswith(prefix)), None)
+    if inside is not None:
+        raise ValueError(f"--out {out_dir} holds the capture {inside['path']} (line {inside['line']}) this command "
+                         "reads; writing there would destroy its own input: choose another --out")
+
+
+def _checked_rows(manifest_path: Path, root: Path, settings: IngestConfig, progress: bool) -> tuple[list[dict], dict]:
+    """The manifest's accepted rows (in dataset order) and the report."""
     rows = read_manifest(manifest_path)
     columns = set().union(*(row.fields for row in rows)) if rows else set()
     absent = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -263,10 +299,4 @@ def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | Non
         head = {k: row.pop(k) for k in ("path", "receipt_id", "device", "split", "sha256", "width", "height")}
         ordered.append({**head, **row})
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # the absolute manifest path: audits confine thumbnail reads to its folder
-    report = _report(root / manifest_path.name, len(rows), ordered, rejected, duplicates, settings)
-    atomic_write_jsonl(out_dir / MANIFEST_FILE, ordered)
-    atomic_write_json(out_dir / REPORT_FILE, report)
-    return IngestResult(out_dir, ordered, report, report["rejected"])
+    return ordered, _report(root / manifest_path.name, len(rows), ordered, rejected, duplicates, settings)

@@ -25,7 +25,16 @@ def parse_sweep(spec: str) -> tuple[str, list[str]]:
 
 
 def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, progress=True, log=print,
-              plugins_dir: str | None = None) -> dict:
+              plugins_dir: str | None = None, force: bool = False) -> dict:
+    """One run per value into OUT/KEY=VALUE (``force`` replaces existing ones), under OUT's
+    writer lock, then OUT/sweep.json."""
+    from receipt_embed.locking import write_lock
+
+    with write_lock(out_dir):
+        return _run_sweep(spec, config_file, overrides, data_dir, out_dir, registry, progress, log, plugins_dir, force)
+
+
+def _run_sweep(spec, config_file, overrides, data_dir, out_dir, registry, progress, log, plugins_dir, force) -> dict:
     key, values = parse_sweep(spec)
     configs = [load_config(config_file, [*overrides, f"{key}={value}"]) for value in values]  # validate all first
     for config in configs:  # the plugins folder train resolved, recorded in every sub-run
@@ -35,7 +44,7 @@ def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, pr
     for value, config in zip(values, configs):
         run_dir = out_dir / f"{key}={value}"
         log(f"sweep {key}={value} -> {run_dir}")
-        result = train(config, data_dir, run_dir, registry, progress=progress, log=log)
+        result = train(config, data_dir, run_dir, registry, progress=progress, log=log, force=force)
         runs.append({"value": value, "run_dir": str(run_dir), "best_recall_at_1": result.best_recall_at_1,
                      "best_epoch": result.best_epoch, "checkpoint": str(run_dir / "checkpoints" / "best.pt")})
     scored = [run for run in runs if run["best_recall_at_1"] is not None]

@@ -29,7 +29,7 @@ from receipt_embed.data.dataset_dir import Captures, cache_captures, load_datase
 from receipt_embed.data.views import SeededBatches, ViewDataset, clean_batches
 from receipt_embed.evaluation.diagnostics import embedding_diagnostics
 from receipt_embed.evaluation.retrieval import retrieval_metrics
-from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.fileio import append_line, atomic_write_json, atomic_write_jsonl, read_jsonl_tail_tolerant
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
 from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
@@ -259,7 +259,8 @@ class Trainer:
     and the loss runs on the gathered global batch (``receipt_embed.distributed``); rank 0
     evaluates, logs and writes the run dir."""
 
-    def __init__(self, config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print):
+    def __init__(self, config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print,
+                 force: bool = False):
         from receipt_embed.distributed import init_from_env
 
         self.ctx = init_from_env()
@@ -279,8 +280,10 @@ class Trainer:
                     f"{last} was written by a run over {saved_world} process(es); resume it with the same number "
                     f"(--nproc {saved_world}), not {self.ctx.world_size}: the global batches would differ"
                 )
-        elif last.exists():
-            raise CheckpointError(f"{self.run_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
+        elif last.exists() and not force:
+            raise CheckpointError(f"{self.run_dir} already holds a run ({last}); pass --resume to continue it, --force to "
+                                  "replace it, or choose another --out")
+        self.force, self.replacement = force and not resume, None
 
         train_cfg = config.train
         torch.manual_seed(train_cfg.seed)
@@ -389,8 +392,15 @@ class Trainer:
             raise CheckpointError(f"{path}: torch_rng is not a torch RNG state: {str(exc).strip().splitlines()[0]}") from None
         # metrics of epochs after the checkpoint were never confirmed: drop them
         metrics = self.run_dir / METRICS_FILE
-        if metrics.exists():
-            atomic_write_jsonl(metrics, [m for m in read_jsonl(metrics) if m["epoch"] <= self.epoch])
+        if metrics.exists() and self.ctx.is_main:  # rank 0 alone reads and writes the run's files
+            rows, torn = read_jsonl_tail_tolerant(metrics)
+            bad = [n for n, m in enumerate(rows, start=1)
+                   if not isinstance(m, dict) or not isinstance(m.get("epoch"), int)]
+            if bad:
+                raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
+            kept = [m for m in rows if m["epoch"] <= self.epoch]
+            if torn or len(kept) < len(rows):
+                atomic_write_jsonl(metrics, kept)
         self.log(f"resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
 
     def _state(self) -> dict:
@@ -472,9 +482,30 @@ class Trainer:
     def run(self) -> TrainResult:
         if self.ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.force:  # the old run stays beside until the new one has a checkpoint
+                from receipt_embed.training.rundir import Replacement
+
+                self.replacement = Replacement(self.run_dir)
+        try:
+            return self._run()
+        except BaseException:
+            if self.replacement is not None:
+                self.replacement.failed()
+                self.log(f"the new run stopped before its first checkpoint: the previous run in {self.run_dir} is kept")
+            raise
+
+    def _save_last(self, state: dict) -> None:
+        save_checkpoint(self.run_dir / LAST, state)
+        if self.replacement is not None:
+            self.replacement.checkpoint_written()
+            self.replacement = None
+
+    def _run(self) -> TrainResult:
+        if self.ctx.is_main:
             save_config(self.config, self.run_dir / CONFIG_FILE)
             if self.state is None:  # a fresh run (also over the leftovers of one that never saved a checkpoint)
                 atomic_write_json(self.run_dir / DATA_FILE, self.data_record)
+                (self.run_dir / METRICS_FILE).unlink(missing_ok=True)
         result = TrainResult(self.run_dir)
         epochs = self.config.train.epochs
         loader = self._make_loader()
@@ -499,7 +530,7 @@ class Trainer:
                     if self._any_rank(received):  # all ranks stop after the same step
                         self.sums["seconds"] = elapsed
                         if self.ctx.is_main:
-                            save_checkpoint(self.run_dir / LAST, self._state())
+                            self._save_last(self._state())
                         bar.close()
                         raise TrainingInterrupted(
                             f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
@@ -558,8 +589,7 @@ class Trainer:
         if len(self.val_set):
             recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
             line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)
-        with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
+        append_line(self.run_dir / METRICS_FILE, json.dumps(line))  # one write + fsync: a crash tears at most this line
         self.epoch += 1
         self.step = 0
         self.sums = {"loss": 0.0, "steps": 0, "views": 0, "seconds": 0.0}
@@ -569,7 +599,7 @@ class Trainer:
         if improved:
             self.best = {"epoch": line["epoch"], "recall_at_1": selected}
         state = self._state()
-        save_checkpoint(self.run_dir / LAST, state)
+        self._save_last(state)
         if improved or (not len(self.val_set) and self.epoch == self.config.train.epochs):
             save_checkpoint(self.run_dir / BEST, state)
         self._epoch_hooks(line)
@@ -594,7 +624,30 @@ class Trainer:
         return text
 
 
-def train(config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print) -> TrainResult:
-    """Train (or resume) a run; see :class:`Trainer`."""
-    return Trainer(config, data_dir, run_dir, registry, resume=resume, progress=progress, log=log).run()
+def train(config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print,
+          force: bool = False) -> TrainResult:
+    """Train (or resume) a run; see :class:`Trainer`. The run dir's writer lock is held for the
+    whole run (by rank 0 only under torchrun); ``force`` replaces an existing run, keeping it
+    until the new run's first checkpoint."""
+    import os
+
+    from receipt_embed.locking import write_lock
+    from receipt_embed.training.rundir import settle_leftovers
+
+    main = int(os.environ.get("RANK", "0")) == 0
+    with write_lock(run_dir) if main else nullcontext():
+        if main:
+            refuse_other_kinds(run_dir)
+            settle_leftovers(run_dir, log=None)
+        trainer = Trainer(config, data_dir, run_dir, registry, resume=resume, progress=progress, log=log, force=force)
+        return trainer.run()
+
+
+def refuse_other_kinds(run_dir) -> None:
+    """A dataset, index, shard or report dir is never turned into a run dir."""
+    from receipt_embed.outdir import WHAT, dir_kind
+
+    kind = dir_kind(run_dir)
+    if kind in ("dataset", "index", "shard", "audit"):
+        raise ValueError(f"{run_dir} holds {WHAT[kind]}, not a run; train into another --out")
 

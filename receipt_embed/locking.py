@@ -1,0 +1,155 @@
+"""One writer per output dir: an exclusive ``flock`` on a lock file beside the dir.
+
+The lock file is ``PARENT/.NAME.lock`` (beside the dir, so it survives the dir being swapped
+for a new copy) and holds JSON naming its holder: pid, host, command line and start time.
+The kernel releases a ``flock`` when its holder dies, so a lock file whose lock is free was
+left by a writer that was killed: it is taken over with a warning naming that writer.
+Readers take no lock; they rely on writes being atomic (``receipt_embed.outdir``). While
+the lock is held, SIGTERM unwinds the writer (``SystemExit(143)``) so it cleans up after itself.
+
+Under ``--nproc`` the launcher holds the lock and names it in ``HELD_LOCKS_ENV`` for its
+ranks, so rank 0 does not wait on its own parent.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+HELD_LOCKS_ENV = "RECEIPT_EMBED_HELD_LOCKS"  # os.pathsep-separated lock files a parent process holds
+_held: dict[str, int] = {}  # lock file -> how many nested holds this process has on it
+
+
+class DirLocked(ValueError):
+    """Another live process is writing the dir; the message names it (one line)."""
+
+
+def lock_path(out: str | os.PathLike) -> Path:
+    """``PARENT/.NAME.lock`` for the dir ``out`` (resolved, so two spellings share one lock)."""
+    out = Path(os.path.abspath(out))
+    parent = out.parent.resolve() if out.parent.exists() else out.parent
+    return parent / f".{out.name}.lock"
+
+
+def _describe(holder: dict) -> str:
+    command = holder.get("command") or "?"
+    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} (`{command}`, "
+            f"since {holder.get('since', '?')})")
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 65536).decode("utf-8", "replace")
+        holder = json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _open_locked(path: Path, out) -> int:
+    """A descriptor on ``path`` holding its flock; raises DirLocked while another holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            message = f"{out} is being written by {_describe(holder)}: wait for it to finish or stop it"
+            raise DirLocked(message) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # else the holder removed the file between our open and flock: try the new one
+            return fd
+        os.close(fd)
+
+
+@contextmanager
+def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
+    """Hold the exclusive writer lock of dir ``out`` (reentrant within a process).
+
+    Raises :class:`DirLocked` at once (no waiting) when a live process holds it; a stale lock
+    left by a killed writer is taken over with a warning (or ``log``) naming that writer."""
+    path = lock_path(out)
+    key = str(path)
+    if key in _held or key in os.environ.get(HELD_LOCKS_ENV, "").split(os.pathsep):
+        _held[key] = _held.get(key, 0) + 1
+        try:
+            yield path
+        finally:
+            _held[key] -= 1
+            if not _held[key]:
+                del _held[key]
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _open_locked(path, out)
+    try:
+        stale = _read_holder(fd)
+        if stale:
+            message = f"took over the lock on {out} left by {_describe(stale)}, which is no longer running"
+            (log or warnings.warn)(message)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": _command_line(),
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _held[key] = 1
+        try:
+            with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+                yield path
+        finally:
+            del _held[key]
+            path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) in the main thread, so a writer stopped by it removes its lock
+    and its staging dir on the way out (a handler installed inside, e.g. training's, takes precedence)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _command_line() -> str:
+    import shlex
+
+    args = list(sys.argv)
+    if args and args[0].endswith(("__main__.py", "receipt-embed")):
+        args[0] = "receipt-embed"
+    return shlex.join(args)[:300]
+
+
+def held_locks_env(*outs) -> dict[str, str]:
+    """The environment entry that tells child processes this process holds ``outs``' locks."""
+    held = [p for p in os.environ.get(HELD_LOCKS_ENV, "").split(os.pathsep) if p]
+    return {HELD_LOCKS_ENV: os.pathsep.join([*held, *(str(lock_path(o)) for o in outs)])}
+
+
+__all__ = ["DirLocked", "HELD_LOCKS_ENV", "held_locks_env", "lock_path", "write_lock"]

@@ -1,0 +1,120 @@
+"""One writer per output dir: a second writer is refused in one line naming the holder, a lock
+left by a killed writer is taken over, and readers are never blocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_TRAINING, run_cli
+from test_overwrite import tree_digest, write_embeddings
+
+HOLD = """
+import sys, time
+from receipt_embed.locking import write_lock
+with write_lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def hold_lock(out: Path) -> subprocess.Popen:
+    """A real process holding ``out``'s writer lock until it is killed."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert child.stdout.readline().strip() == "locked"
+    return child
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_second_train_into_one_run_dir_is_refused_naming_the_first(tmp_path):
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds")
+    run = tmp_path / "run"
+    sets = [arg for key in [*TINY_TRAINING[:-1], "train.epochs=50"] for arg in ("--set", key)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    first = subprocess.Popen([sys.executable, "-m", "receipt_embed", "train", "--data", tmp_path / "ds", "--out", run,
+                              "-q", *sets], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / ".run.lock").exists(), 60, "the first train to take its lock")
+        second = run_cli("train", "--data", tmp_path / "ds", "--out", run, "-q", *sets, timeout=60)
+        assert second.returncode == 2
+        line = second.stderr.strip()
+        assert len(line.splitlines()) == 1, second.stderr
+        assert f"{run} is being written by pid {first.pid} on host" in line and "receipt-embed train" in line
+        assert "wait for it to finish or stop it" in line
+    finally:
+        first.send_signal(signal.SIGTERM)  # stops it (saving last.pt if training had begun)
+        first.communicate(timeout=120)
+    assert first.returncode in (130, 143)  # stopped while training (checkpoint saved) or before it began
+    assert not (tmp_path / ".run.lock").exists(), "a writer stopped by SIGTERM removes its lock file"
+
+
+def test_a_held_index_lock_refuses_writers_but_not_readers(tmp_path):
+    x, manifest = write_embeddings(tmp_path, "e", 12)
+    index = tmp_path / "ix"
+    assert run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    before = tree_digest(index)
+    holder = hold_lock(index)
+    try:
+        writer = run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q", "--force",
+                         timeout=60)
+        assert writer.returncode == 2 and f"being written by pid {holder.pid}" in writer.stderr
+        searched = run_cli("search", index, "--all-pairs", "--threshold", "0.99", "--out", "-", timeout=60)
+        assert searched.returncode == 0, searched.stderr  # a reader is not blocked, not refused
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tree_digest(index) == before
+
+
+def test_a_stale_lock_of_a_killed_writer_is_taken_over_with_a_warning(tmp_path):
+    holder = hold_lock(tmp_path / "ds")
+    holder.kill()  # kill -9: the lock file stays, its flock goes with the process
+    holder.wait()
+    record = json.loads((tmp_path / ".ds.lock").read_text())
+    assert record["pid"] == holder.pid
+    result = run_cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", "-q")
+    assert result.returncode == 0, result.stderr
+    assert f"took over the lock on {tmp_path / 'ds'} left by pid {holder.pid}" in result.stderr
+    assert not (tmp_path / ".ds.lock").exists()
+
+
+def test_the_lock_is_reentrant_and_shared_with_child_processes(tmp_path):
+    from receipt_embed.locking import DirLocked, held_locks_env, lock_path, write_lock
+
+    out = tmp_path / "run"
+    with write_lock(out):
+        with write_lock(tmp_path / "." / "run"):  # another spelling of the same dir, same process
+            assert lock_path(out).exists()
+        assert lock_path(out).exists()
+        check = "from receipt_embed.locking import write_lock; import sys\nwith write_lock(sys.argv[1]): print('in')"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        refused = subprocess.run([sys.executable, "-c", check, str(out)], env=env, capture_output=True, text=True)
+        assert refused.returncode == 1 and "DirLocked" in refused.stderr and str(os.getpid()) in refused.stderr
+        told = subprocess.run([sys.executable, "-c", check, str(out)], env={**env, **held_locks_env(out)},
+                              capture_output=True, text=True)
+        assert told.stdout.strip() == "in", told.stderr  # a --nproc rank whose launcher holds the lock
+    assert not lock_path(out).exists()
+    holder = hold_lock(out)
+    try:
+        with pytest.raises(DirLocked, match=f"pid {holder.pid}"), write_lock(out):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()

@@ -1,0 +1,144 @@
+"""Overwriting what the user has: replacing an output dir needs --force, only a dir of the same
+kind is ever replaced, and no command writes over its own input."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (by relative path): the state to compare before and after."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_embeddings(base: Path, name: str, rows: int, dim: int = 16, seed: int = 0) -> tuple[Path, Path]:
+    """``NAME.npy`` (rows x dim) and ``NAME.csv``, a manifest whose row i belongs to embedding row i."""
+    x = np.random.default_rng(seed).normal(size=(rows, dim)).astype(np.float32)
+    np.save(base / f"{name}.npy", x)
+    with open(base / f"{name}.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device"])
+        writer.writerows([f"img{i}.png", f"r{i // 2}", f"d{i % 3}"] for i in range(rows))
+    return base / f"{name}.npy", base / f"{name}.csv"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from receipt_embed.ingest import ingest
+
+    out = tmp_path_factory.mktemp("ow") / "dataset"
+    ingest(REPO / "data_samples", out)
+    return out
+
+
+def test_ingest_needs_force_and_never_replaces_a_foreign_or_source_folder(cli, tmp_path, dataset):
+    out = tmp_path / "ds"
+    assert cli("ingest", REPO / "data_samples", "--out", out, "-q").returncode == 0
+    before = tree_digest(out)
+    again = cli("ingest", REPO / "data_samples", "--out", out, "-q", "--seed", "7")
+    assert again.returncode == 2 and f"{out} already holds a dataset dir" in again.stderr and "--force" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1 and tree_digest(out) == before
+    forced = cli("ingest", REPO / "data_samples", "--out", out, "-q", "--seed", "7", "--force")
+    assert forced.returncode == 0, forced.stderr
+    after = tree_digest(out)
+    assert after != before and set(after) == {"manifest.jsonl", "ingest_report.json"}
+    report = json.loads((out / "ingest_report.json").read_text())
+    assert report["settings"]["seed"] == 7  # the pair is one run's: report and manifest together
+    assert not list(tmp_path.glob(".ds.*")), "no staging or lock leftovers beside the dir"
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my own files")
+    refused = cli("ingest", REPO / "data_samples", "--out", mine, "-q", "--force")
+    assert refused.returncode == 2 and "did not write" in refused.stderr and "not even with --force" in refused.stderr
+    assert (mine / "notes.txt").read_text() == "my own files"
+
+
+def test_ingest_refuses_to_write_over_its_source(cli, tmp_path):
+    source = tmp_path / "captures"
+    source.mkdir()
+    for row in list(csv.DictReader(open(REPO / "data_samples" / "manifest.csv")))[:6]:
+        (source / Path(row["path"]).name).write_bytes((REPO / "data_samples" / row["path"]).read_bytes())
+    with open(source / "manifest.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device"])
+        writer.writerows([p.name, p.stem[:6], "d"] for p in sorted(source.glob("*.png")))
+    before = tree_digest(source)
+    for out in (source, tmp_path):  # the source folder itself, and a folder holding it
+        result = cli("ingest", source, "--out", out, "-q", "--force")
+        assert result.returncode == 2 and "destroy its own input" in result.stderr and str(source) in result.stderr
+    assert tree_digest(source) == before
+
+
+def test_index_needs_force_refuses_other_kinds_and_its_inputs(cli, tmp_path, dataset):
+    small = write_embeddings(tmp_path, "small", 12)
+    other = write_embeddings(tmp_path, "other", 12, seed=1)
+    out = tmp_path / "ix"
+    assert cli("index", "--embeddings", small[0], "--manifest", small[1], "--out", out, "-q").returncode == 0
+    before = tree_digest(out)
+    again = cli("index", "--embeddings", other[0], "--manifest", other[1], "--out", out, "-q")
+    assert again.returncode == 2 and "already holds an index dir" in again.stderr and "--force" in again.stderr
+    assert tree_digest(out) == before
+    assert cli("index", "--embeddings", other[0], "--manifest", other[1], "--out", out, "-q", "--force").returncode == 0
+    assert tree_digest(out) != before
+
+    for target, words in ((dataset, "is the manifest"), (tmp_path, "holds the embeddings file")):
+        state = tree_digest(target) if target == dataset else None
+        result = cli("index", "--embeddings", small[0], "--manifest", dataset, "--out", target, "-q", "--force")
+        assert result.returncode == 2 and words in result.stderr, result.stderr
+        if state is not None:
+            assert tree_digest(dataset) == state
+    # the checkpoint's own run dir
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.pt").write_bytes(b"PK not really")
+    result = cli("index", "--checkpoint", run / "checkpoints" / "best.pt", "--data", dataset, "--out", run, "--force")
+    assert result.returncode == 2 and "holds the checkpoint" in result.stderr
+    assert (run / "checkpoints" / "best.pt").read_bytes() == b"PK not really"
+
+
+def test_audit_report_needs_force_and_is_never_the_index_dir(cli, tmp_path):
+    x, manifest = write_embeddings(tmp_path, "e", 40)
+    index = tmp_path / "ix"
+    assert cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    report = tmp_path / "report"
+    first = cli("audit-shortcuts", index, "--out", report, "-q", "--gallery", "0")
+    assert first.returncode == 0, first.stderr
+    before = tree_digest(report)
+    again = cli("audit-shortcuts", index, "--out", report, "-q", "--gallery", "0")
+    assert again.returncode == 2 and "already holds an audit report dir" in again.stderr and "--force" in again.stderr
+    assert tree_digest(report) == before
+    index_state = tree_digest(index)
+    own = cli("audit-shortcuts", index, "--out", index, "-q", "--force")
+    assert own.returncode == 2 and "is the index dir" in own.stderr and tree_digest(index) == index_state
+    assert cli("audit-shortcuts", index, "--out", report, "-q", "--gallery", "0", "--force").returncode == 0
+
+
+def test_dir_kinds_tell_ours_from_the_users(tmp_path):
+    from receipt_embed.outdir import check_replaceable, dir_kind
+
+    assert dir_kind(tmp_path / "absent") is None
+    (tmp_path / "empty").mkdir()
+    assert dir_kind(tmp_path / "empty") is None
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "index.faiss").write_bytes(b"x")  # an index interrupted by an older version: still ours
+    assert dir_kind(partial) == "index"
+    (partial / "holiday.jpg").write_bytes(b"x")
+    assert dir_kind(partial) == "other"
+    with pytest.raises(ValueError, match="never replaced"):
+        check_replaceable(partial, "index", force=True)
+    website = tmp_path / "website"
+    website.mkdir()
+    (website / "index.json").write_text("{}")  # a marker file alone does not make a folder ours
+    (website / "index.html").write_text("<html>")
+    assert dir_kind(website) == "other"

@@ -1,0 +1,216 @@
+"""Writes cut short: a torn metrics line, a full disk, SIGTERM mid-ingest and a swap cut in half
+all leave the previous complete state (checksums before and after)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_TRAINING, builtin_registry, run_cli, train_tiny
+from test_overwrite import tree_digest, write_embeddings
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(dataset dir, run dir) of one tiny epoch; tests copy the run dir before changing it."""
+    base = tmp_path_factory.mktemp("trained")
+    dataset, _ = train_tiny(base)
+    return dataset, base / "run"
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume_not_a_refusal(tmp_path, trained):
+    from receipt_embed.config import load_config
+    from receipt_embed.fileio import read_jsonl
+    from receipt_embed.training.checkpoint import load_checkpoint
+    from receipt_embed.training.trainer import train
+
+    dataset = trained[0]
+    shutil.copytree(trained[1], tmp_path / "run")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as handle:
+        handle.write('{"epoch": 2, "steps": 7, "lo')  # a crash in the middle of the next append
+    config = load_config(overrides=[*TINY_TRAINING, "train.epochs=2"])
+    with pytest.warns(UserWarning, match=rf"{metrics}, line 2: dropped a torn last line"):
+        train(config, dataset, tmp_path / "run", builtin_registry(), resume=True, progress=False, log=lambda m: None)
+    assert [row["epoch"] for row in read_jsonl(metrics)] == [1, 2]
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["epoch"] == 2
+
+
+def test_the_tolerant_reader_drops_only_a_torn_tail(tmp_path):
+    from receipt_embed.fileio import append_line, read_jsonl_tail_tolerant
+
+    path = tmp_path / "m.jsonl"
+    for epoch in (1, 2):
+        append_line(path, json.dumps({"epoch": epoch}))
+    assert read_jsonl_tail_tolerant(path) == ([{"epoch": 1}, {"epoch": 2}], False)
+    path.write_text('{"epoch": 1}\n{"epoch": 2, "x\n')  # invalid last line, even with its newline
+    with pytest.warns(UserWarning, match="line 2: dropped"):
+        assert read_jsonl_tail_tolerant(path) == ([{"epoch": 1}], True)
+    path.write_text('{"epoch": 1}\nnot json\n{"epoch": 3}\n')  # damage before the end is not a torn append
+    with pytest.raises(ValueError, match="m.jsonl, line 2: invalid JSON"):
+        read_jsonl_tail_tolerant(path)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs mounted for the test (skipped where mounting is not allowed)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_the_old_index_survives(tmp_path, small_disk):
+    from receipt_embed.indexing import load_index_dir
+
+    small = write_embeddings(tmp_path, "small", 20)
+    big = write_embeddings(tmp_path, "big", 20000, dim=64)  # 5 MiB of vectors: cannot fit
+    index = small_disk / "ix"
+    assert run_cli("index", "--embeddings", small[0], "--manifest", small[1], "--out", index, "-q").returncode == 0
+    before = tree_digest(index)
+    result = run_cli("index", "--embeddings", big[0], "--manifest", big[1], "--out", index, "-q", "--force")
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line, result.stderr
+    assert line.startswith(f"Error: no space left on device writing {index}/") and "MiB free on that file system" in line
+    assert tree_digest(index) == before and load_index_dir(index).count == 20
+    assert sorted(p.name for p in small_disk.iterdir()) == ["ix"], "the staging dir is removed"
+
+
+def slow_source(base: Path, copies: int) -> Path:
+    """data_samples/ listed ``copies`` times over hard links, so ingest takes long enough to interrupt."""
+    import csv
+
+    source = base / "source"
+    source.mkdir()
+    rows = list(csv.DictReader(open(REPO / "data_samples" / "manifest.csv")))
+    with open(source / "manifest.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device"])
+        for copy in range(copies):
+            for row in rows:
+                name = f"{copy}_{Path(row['path']).name}"
+                os.link(REPO / "data_samples" / row["path"], source / name)
+                writer.writerow([name, f"{copy}_{row['receipt_id']}", row["device"]])
+    return source
+
+
+def _lock_named(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except OSError:
+        return False
+
+
+def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
+    from receipt_embed.ingest import ingest
+
+    source = slow_source(tmp_path, 6)
+    out = tmp_path / "ds"
+    ingest(REPO / "data_samples", out)
+    before = tree_digest(out)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    command = [sys.executable, "-m", "receipt_embed", "ingest", str(source), "--out", str(out), "-q", "--force"]
+    interrupted = 0
+    for delay in (0.0, 0.15, 0.4):  # after ingest took its lock, i.e. while it checks files or writes
+        child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not _lock_named(tmp_path / ".ds.lock") and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(delay)
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+        if child.returncode == 0:  # finished before the signal: the new pair, complete
+            report = json.loads((out / "ingest_report.json").read_text())
+            assert report["source"].startswith(str(source)) and report["counts"]["rows"] == 6 * 180
+            break
+        interrupted += 1
+        assert child.returncode == 143 and "Traceback" not in err, err
+        assert tree_digest(out) == before, f"SIGTERM after {delay}s changed the dataset dir"
+        assert not list(tmp_path.glob(".ds.*")), "the staging dir and the lock go on SIGTERM"
+    assert interrupted, "no SIGTERM landed while ingest was running; make the source slower"
+
+
+def test_a_swap_cut_in_half_is_repaired_by_the_next_writer(tmp_path):
+    from receipt_embed.indexing import load_index_dir
+    from receipt_embed.outdir import replace_dir
+
+    x, manifest = write_embeddings(tmp_path, "e", 12)
+    index = tmp_path / "ix"
+    assert run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    before = tree_digest(index)
+    # the fallback swap (no renameat2) killed between its two renames: old copy aside, no new one in place
+    os.rename(index, tmp_path / ".ix.old-99999")
+    (tmp_path / ".ix.staging-99998").mkdir()
+    (tmp_path / ".ix.staging-99998" / "index.faiss").write_bytes(b"half")
+    with pytest.warns(UserWarning, match=r"removed 1 leftover\(s\) .*\.ix\.staging-99998.*restored"):
+        with pytest.raises(RuntimeError, match="stop"), replace_dir(index, "index", force=True) as staging:
+            (staging / "index.json").write_text("{}")
+            raise RuntimeError("stop")  # the new writer fails too: the restored old copy stays
+    assert tree_digest(index) == before and load_index_dir(index).count == 12
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ix")) == []
+
+
+def test_the_fallback_swap_without_renameat2_replaces_the_dir(tmp_path, monkeypatch):
+    import receipt_embed.outdir as outdir
+
+    out = tmp_path / "audit"
+    for text in ("old", "new"):
+        monkeypatch.setattr(outdir, "_renameat2", None if text == "new" else outdir._renameat2)
+        with outdir.replace_dir(out, "audit", force=True) as staging:
+            (staging / "audit.json").write_text(text)
+            marker = uuid.uuid4().hex
+            (staging / "audit.html").write_text(marker)
+        assert (out / "audit.json").read_text() == text and (out / "audit.html").read_text() == marker
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit"]
+    shutil.rmtree(out)
+
+
+def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_path, trained):
+    from receipt_embed.config import load_config
+    from receipt_embed.plugin_manager import PluginLoader
+    from receipt_embed.training.rundir import set_aside, settle_leftovers
+    from receipt_embed.training.trainer import TrainingDiverged, train
+    from test_training import NAN_PLUGIN
+
+    dataset, run = trained[0], tmp_path / "run"
+    shutil.copytree(trained[1], run)
+    before = tree_digest(run)
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins")
+    loader.collect_components()
+    failing = load_config(overrides=[*TINY_TRAINING, "loss.name=nan_after", "loss.params={after: 0}"])
+    with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
+        train(failing, dataset, run, loader.registry, progress=False, log=lambda m: None, force=True)
+    assert tree_digest(run) == before, "a --force run that fails before its first checkpoint gives the old run back"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"]
+
+    # a --force run killed before its first checkpoint leaves the old run aside: the next writer restores it
+    set_aside(run)
+    (run / "config.yaml").write_text("the killed run's config")
+    with pytest.warns(UserWarning, match=r"restored the run in .* from \.run\.old-"):
+        settle_leftovers(run)
+    assert tree_digest(run) == before
+
+    train(load_config(overrides=TINY_TRAINING), dataset, run, builtin_registry(), progress=False, log=lambda m: None,
+          force=True)
+    after = tree_digest(run)
+    assert after != before and "checkpoints/last.pt" in after and len(after) == len(before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"], "the old run is gone once replaced"

@@ -37,11 +37,12 @@ from receipt_embed.fileio import append_line
 from receipt_embed.training.checkpoint import save_checkpoint
 run, epoch = sys.argv[1], int(sys.argv[2])
 weights = torch.randn(600_000)  # a 2.4 MB model
+CONFIG = {"model": {}, "data": {}}  # the sections every checkpoint carries
 print("ready", flush=True)
 while True:
     epoch += 1
     append_line(f"{run}/metrics.jsonl", json.dumps({"epoch": epoch, "loss": 1.0 / epoch}))  # as the trainer: line first
-    save_checkpoint(f"{run}/checkpoints/last.pt", {"epoch": epoch, "model": {"w": weights * epoch}})
+    save_checkpoint(f"{run}/checkpoints/last.pt", {"epoch": epoch, "model": {"w": weights * epoch}, "config": CONFIG})
 """
 
 
@@ -97,7 +98,8 @@ def test_kill_9_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
     from receipt_embed.training.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
-    save_checkpoint(run / "checkpoints" / "last.pt", {"epoch": 0, "model": {"w": torch.ones(3)}})  # the old state
+    old_state = {"epoch": 0, "model": {"w": torch.ones(3)}, "config": {"model": {}, "data": {}}}
+    save_checkpoint(run / "checkpoints" / "last.pt", old_state)
     epoch = 0
     for delay in KILL_AFTER[:4]:
         kill_after(start(CHECKPOINT_WRITER, run, epoch), delay)

@@ -143,12 +143,24 @@ def _explain(error: dict) -> str:
     return f"config key '{key}': {error['msg']} (got {error.get('input')!r})"
 
 
+def _refuse_aliases(text: str, path: Path) -> None:
+    """A config never needs YAML aliases, and a few nested ones ("billion laughs") expand into
+    more nodes than memory holds once OmegaConf copies the shared references; refuse any."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            mark = event.start_mark
+            raise ConfigError(f"config file {path}, line {mark.line + 1}: YAML aliases (*{event.anchor}) are not "
+                              "allowed in a config; write the values out")
+
+
 def _load_yaml(path: Path) -> dict:
     """A YAML mapping from a regular file (a FIFO or device named by --config is refused, not read)."""
     from receipt_embed.userfiles import UnusableFile, read_regular_text
 
     try:
-        data = yaml.safe_load(read_regular_text(path, MAX_CONFIG_BYTES))
+        text = read_regular_text(path, MAX_CONFIG_BYTES)
+        _refuse_aliases(text, path)
+        data = yaml.safe_load(text)
     except UnusableFile as exc:
         if exc.reason == "missing_file":
             raise ConfigError(f"config file not found: {path}") from None

@@ -16,6 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
+from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
+
+# a run's metrics, a dataset's manifest or an index's items: large, but bounded
+MAX_JSONL_BYTES = DEFAULT_MAX_BYTES
+# a record such as data.json or ingest_report.json
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
 
 def _current_umask() -> int:
     mask = os.umask(0)
@@ -136,8 +143,7 @@ def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[d
     error, as in :func:`read_jsonl`."""
     import warnings
 
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        text = handle.read()
+    text = read_regular(path, MAX_JSONL_BYTES).decode("utf-8", errors="replace")
     lines = text.split("\n")
     complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline
     rows, dropped = [], None
@@ -161,12 +167,26 @@ def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[d
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Read a JSON-lines file; a bad line is an error naming the file and line number."""
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
+    try:
+        text = read_regular(path, MAX_JSONL_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
     return rows
+
+
+def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES):
+    """A small JSON file (a marker, a record, a report) from a regular file of at most ``max_bytes``;
+    a FIFO, a device or a huge file is an :class:`~receipt_embed.userfiles.UnusableFile`."""
+    try:
+        return json.loads(read_regular(path, max_bytes).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None

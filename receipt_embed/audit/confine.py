@@ -15,7 +15,6 @@ relative to its own folder.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +23,10 @@ INGEST_REPORT = "ingest_report.json"
 
 def _capture_folder(folder: Path) -> Path | None:
     """The folder ``ingest`` resolved a dataset dir's captures in, or None if unrecorded."""
+    from receipt_embed.fileio import read_json
+
     try:
-        report = json.loads((folder / INGEST_REPORT).read_text(encoding="utf-8"))
+        report = read_json(folder / INGEST_REPORT)  # a FIFO or /dev/zero is refused, never read
     except (OSError, ValueError):
         return None
     source = report.get("source") if isinstance(report, dict) else None

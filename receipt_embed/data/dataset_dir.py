@@ -43,9 +43,15 @@ def load_dataset_dir(path: str | Path) -> list[dict]:
 
 
 def _load_dataset_dir_once(path: str | Path) -> list[dict]:
+    from receipt_embed.userfiles import UnusableFile, check_regular
+
     manifest = Path(path) / MANIFEST_FILE
-    if not manifest.is_file():
-        raise FileNotFoundError(f"{manifest} not found: is {path} a dataset dir written by `receipt-embed ingest`?")
+    try:
+        check_regular(manifest)  # a FIFO or device is named as such, not reported missing
+    except UnusableFile as exc:
+        if exc.reason != "missing_file":
+            raise
+        raise FileNotFoundError(f"{manifest} not found: is {path} a dataset dir written by `receipt-embed ingest`?") from None
     rows = read_jsonl(manifest)
     for number, row in enumerate(rows, start=1):
         missing = [k for k in ("path", "receipt_id", "device", "split") if k not in row]

@@ -11,6 +11,7 @@ continues from it and reproduces the uninterrupted run (exactly, in deterministi
 from __future__ import annotations
 
 import json
+import os
 import math
 import signal
 import time
@@ -87,12 +88,17 @@ def dataset_record(data_dir) -> dict:
 
 
 def _read_data_record(run_dir) -> dict | None:
+    from receipt_embed.fileio import read_json
+    from receipt_embed.userfiles import UnusableFile
+
     path = Path(run_dir) / DATA_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        saved = json.loads(path.read_text())
+        saved = read_json(path)
         saved["data_dir"]
+    except UnusableFile:
+        raise  # a FIFO or device named as such: never read
     except (ValueError, KeyError, TypeError):
         raise CheckpointError(f"{path} is damaged; resume with --data DATASET_DIR (it is rewritten by a fresh run)") from None
     return saved

@@ -119,6 +119,7 @@ def read_items_manifest(manifest: str | Path) -> tuple[Path, list[dict]]:
 
 def load_embeddings(path: str | Path) -> np.ndarray:
     """A (N, D) array from .npy; non-numeric, non-finite or all-zero rows are named."""
+    from receipt_embed.npyfile import BadNpyFile, load_npy
     from receipt_embed.userfiles import UnusableFile, open_regular
 
     path = Path(path)
@@ -135,12 +136,13 @@ def load_embeddings(path: str | Path) -> np.ndarray:
                              "(save one array with numpy.save)")
         if magic != b"\x93NUMPY":
             raise ValueError(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
-        handle.seek(0)
-        try:
-            array = np.load(handle, allow_pickle=False)
-        except ValueError as exc:
-            reason = "it holds Python objects, not numbers" if "pickle" in str(exc) else str(exc)
-            raise ValueError(f"{path}: cannot be read as a numeric array: {reason}") from None
+    try:
+        array = load_npy(path)  # the header is checked against the file's size before any allocation
+    except BadNpyFile:
+        raise
+    except ValueError as exc:
+        reason = "it holds Python objects, not numbers" if "pickle" in str(exc) else str(exc)
+        raise ValueError(f"{path}: cannot be read as a numeric array: {reason}") from None
     if array.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D array (items x dims), got shape {array.shape}")
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):

@@ -106,6 +106,8 @@ def check_items(items: list, items_path: Path, error) -> None:
             optional_none = key in ITEM_OPTIONAL_STRINGS and item.get(key, "") is None
             if key in item and not isinstance(item[key], str) and not optional_none:
                 raise error(f"{where}: {key} is {_kind(item[key])} ({item[key]!r:.60}), expected a string")
+        if not item["receipt_id"].strip():
+            raise error(f"{where}: receipt_id is empty; every capture names its receipt")
 
 
 def check_embeddings(embeddings: np.ndarray, embeddings_path: Path, error) -> None:
@@ -120,3 +122,61 @@ def check_embeddings(embeddings: np.ndarray, embeddings_path: Path, error) -> No
     if not finite.all():
         bad = np.flatnonzero(~finite)
         raise error(f"{embeddings_path}: row {bad[0]} (0-based) holds NaN or Inf ({len(bad)} such rows)")
+
+
+# how many stored rows the load-time check searches for (a few ms even for an IVF-PQ index)
+SAMPLE_ROWS = 64
+# inner products of L2-normalised vectors lie in [-1, 1]; an exact index returns a row's own
+# vector at ~1; lossy codes (PQ, SQ) reconstruct vectors whose norm strays a little past 1
+# (1.11 seen with a coarse IVF,PQ4), unnormalised substitutes score far beyond (9.99)
+SCORE_SLACK = {True: 1e-3, False: 0.5}
+
+
+def _structure(index) -> list[str]:
+    """The class names (and IVF list counts) of an index and its wrapped sub-indexes."""
+    import faiss
+
+    names, stack = [], [index]
+    while stack:
+        part = faiss.downcast_index(stack.pop(0))
+        name = type(part).__name__
+        if name in ("IndexFlatIP", "IndexFlatL2"):  # written as IndexFlat, read back by metric
+            name = "IndexFlat"
+        nlist = getattr(part, "nlist", None)
+        names.append(f"{name}(nlist={nlist})" if isinstance(nlist, int) else name)
+        for attr in ("index", "base_index", "refine_index", "quantizer"):
+            child = getattr(part, attr, None)
+            if child is not None and hasattr(child, "ntotal"):
+                stack.append(child)
+    return names
+
+
+def check_index_matches(index, embeddings: np.ndarray, meta: dict, index_path: Path, error) -> None:
+    """index.faiss must be the kind of index ``factory`` builds, and hold the stored vectors:
+    a substituted index (another type, unnormalised vectors) would report scores past 1."""
+    import faiss
+
+    try:
+        expected = faiss.index_factory(int(meta["dim"]), meta["factory"], faiss.METRIC_INNER_PRODUCT)
+    except (RuntimeError, KeyError) as exc:
+        raise error(f"{index_path}: index.json's factory {meta.get('factory')!r} cannot be built by FAISS "
+                    f"({str(exc).strip().splitlines()[-1] if str(exc).strip() else 'missing'})") from None
+    found, wanted = _structure(index), _structure(expected)
+    if found != wanted or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise error(f"{index_path} is a {' > '.join(found)} index (metric {index.metric_type}), but index.json's "
+                    f"factory {meta['factory']!r} builds {' > '.join(wanted)} (inner product): the file was replaced")
+    count = len(embeddings)
+    if count == 0:
+        return
+    rows = np.unique(np.linspace(0, count - 1, min(count, SAMPLE_ROWS)).astype(np.int64))
+    scores, _ = index.search(np.ascontiguousarray(embeddings[rows], dtype=np.float32), 1)
+    exact = bool(meta.get("exact"))
+    slack = SCORE_SLACK[exact]
+    best = scores[:, 0]
+    low = 1 - slack if exact else -1 - slack
+    bad = np.flatnonzero(~((best >= low) & (best <= 1 + slack)))
+    if len(bad):
+        row = int(rows[bad[0]])
+        wanted_range = "~1 (its own vector)" if exact else f"[-{1 + slack:g}, {1 + slack:g}]"
+        raise error(f"{index_path}: searching it for row {row} of embeddings.npy scores {best[bad[0]]:.4f}, "
+                    f"expected {wanted_range}: the index does not hold the stored vectors")

@@ -24,7 +24,8 @@ import numpy as np
 
 from receipt_embed import __version__
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
-from receipt_embed.indexing.contents import check_embeddings, check_items, check_meta_types
+from receipt_embed.indexing.contents import check_embeddings, check_index_matches, check_items, check_meta_types
+from receipt_embed.npyfile import BadNpyFile, load_npy
 from receipt_embed.userfiles import UnusableFile, open_regular, read_regular_text
 
 INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE, META_FILE = "index.faiss", "items.jsonl", "embeddings.npy", "index.json"
@@ -205,8 +206,10 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
     except ValueError as exc:
         raise IndexDirError(str(exc)) from None
     try:
-        with _open_member(path / EMBEDDINGS_FILE) as handle:
-            embeddings = np.load(handle, allow_pickle=False)
+        _open_member(path / EMBEDDINGS_FILE).close()
+        embeddings = load_npy(path / EMBEDDINGS_FILE)  # header checked against the size first
+    except BadNpyFile as exc:
+        raise IndexDirError(str(exc)) from None
     except ValueError as exc:
         raise IndexDirError(f"{path / EMBEDDINGS_FILE} cannot be read: {exc}") from None
     check_items(items, path / ITEMS_FILE, IndexDirError)
@@ -221,6 +224,7 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
         problems.append(f"{EMBEDDINGS_FILE} has shape {embeddings.shape}")
     if problems:
         raise IndexDirError(f"{path}: index.json records {count} items of dim {dim}, but " + "; ".join(problems))
+    check_index_matches(index, embeddings, meta, path / INDEX_FILE, IndexDirError)
     try:
         set_search_params(index, meta.get("search_params") or "")
     except RuntimeError as exc:

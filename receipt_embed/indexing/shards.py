@@ -18,7 +18,8 @@ import numpy as np
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
 from receipt_embed.indexing.contents import check_embeddings, check_items, check_shard_meta
 from receipt_embed.indexing.index_dir import MAX_META_BYTES, IndexDirError, sha256_file
-from receipt_embed.userfiles import UnusableFile, check_regular, is_regular, open_regular, read_regular_text
+from receipt_embed.npyfile import load_npy
+from receipt_embed.userfiles import UnusableFile, check_regular, is_regular, read_regular_text
 
 SHARD_FILE, ITEMS_FILE, EMBEDDINGS_FILE = "shard.json", "items.jsonl", "embeddings.npy"
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
@@ -80,11 +81,12 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
             raise IndexDirError(f"{path / name} is missing, not a regular file or does not match {SHARD_FILE}: "
                                 "re-run that shard")
     try:
-        with open_regular(path / EMBEDDINGS_FILE, None) as handle:
-            vectors = np.load(handle, allow_pickle=False)
+        vectors = load_npy(path / EMBEDDINGS_FILE)  # header checked against the size first
         check_regular(path / ITEMS_FILE)
     except UnusableFile as exc:
         raise _refuse(exc, "a shard holds only the regular files `index --shard` writes") from None
+    except ValueError as exc:  # a lying header, Python objects, a torn file
+        raise IndexDirError(f"{path / EMBEDDINGS_FILE} cannot be read: {exc}") from None
     items = read_jsonl(path / ITEMS_FILE)
     if len(items) != meta["count"] or vectors.shape != (meta["count"], meta["dim"]):
         raise IndexDirError(f"{path}: {SHARD_FILE} records {meta['count']} rows, the files disagree")

@@ -96,3 +96,93 @@ def test_alias_bomb_in_a_run_config_fails_resume(trained, tmp_path):
     result = run_cli("train", "--out", run, "--resume", "-q", timeout=HANG)
     assert result.returncode == 2, result.stderr
     assert "config.yaml" in result.stderr and "alias" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def embeddings_index(trained, tmp_path_factory):
+    """An exact index dir of random external embeddings for the dataset's captures."""
+    import numpy as np
+
+    from receipt_embed.indexing.build import index_embeddings
+    from receipt_embed.data.dataset_dir import load_dataset_dir
+
+    base = tmp_path_factory.mktemp("embidx")
+    count = len(load_dataset_dir(trained[0]))
+    vectors = np.random.default_rng(0).normal(size=(count, 8)).astype(np.float32)
+    np.save(base / "vectors.npy", vectors)
+    index_embeddings(base / "vectors.npy", trained[0], base / "index")
+    return base / "index", vectors
+
+
+def _substitute_faiss(index_dir: Path, vectors, factory: str) -> None:
+    import faiss
+
+    from tamper import reseal
+
+    substitute = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    substitute.train(vectors)
+    substitute.add(vectors)  # the raw, unnormalised vectors
+    faiss.write_index(substitute, str(index_dir / "index.faiss"))
+    reseal(index_dir, "index.faiss")
+
+
+@pytest.mark.parametrize("factory, message", [("IVF4,Flat", "IndexIVFFlat"), ("Flat", "scores")])
+def test_substituted_index_faiss_is_refused(embeddings_index, tmp_path, factory, message):
+    """F7: another type of index, or one of unnormalised vectors, with checksums recomputed, is refused."""
+    from receipt_embed.indexing import IndexDirError, load_index_dir
+    from tamper import copy_index
+
+    index_dir = copy_index(embeddings_index[0], tmp_path / "index")
+    _substitute_faiss(index_dir, embeddings_index[1] * 10, factory)
+    with pytest.raises(IndexDirError, match=f"index.faiss.*{message}"):
+        load_index_dir(index_dir)
+    result = run_cli("search", index_dir, "--all-pairs", "--threshold", "0.99", "--out", "-", timeout=HANG)
+    assert result.returncode == 2 and "index.faiss" in result.stderr, result.stderr
+
+
+def test_untouched_index_still_loads(embeddings_index):
+    """F7: the load-time check passes an index dir `index` wrote."""
+    from receipt_embed.indexing import load_index_dir
+
+    assert load_index_dir(embeddings_index[0]).index.ntotal == len(embeddings_index[1])
+
+
+def _lying_npy(path: Path) -> Path:
+    """A 1 KB .npy whose header claims (9999999999, 8) float32 (298 GiB)."""
+    import numpy as np
+    from numpy.lib import format as npy_format
+
+    with open(path, "wb") as handle:
+        npy_format.write_array_header_1_0(handle, {"descr": "<f4", "fortran_order": False, "shape": (9999999999, 8)})
+        handle.write(b"\0" * 1024)
+    assert np.lib.format.read_magic(open(path, "rb"))
+    return path
+
+
+def test_lying_npy_header_is_refused_for_embeddings(trained, tmp_path):
+    """F8: `index --embeddings` with a header lying about its shape exits 2 naming the file."""
+    lying = _lying_npy(tmp_path / "lying.npy")
+    result = run_cli("index", "--embeddings", lying, "--manifest", trained[0], "--out", tmp_path / "idx",
+                     timeout=HANG)
+    assert result.returncode == 2, result.stderr
+    assert "lying.npy" in result.stderr and "header" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_lying_npy_header_is_refused_in_an_index_dir(embeddings_index, tmp_path):
+    """F8: INDEX/embeddings.npy with a lying header (checksums recomputed) is an IndexDirError, not a MemoryError."""
+    from receipt_embed.indexing import IndexDirError, load_index_dir
+    from tamper import copy_index, reseal
+
+    index_dir = copy_index(embeddings_index[0], tmp_path / "index")
+    _lying_npy(index_dir / "embeddings.npy")
+    reseal(index_dir, "embeddings.npy")
+    with pytest.raises(IndexDirError, match="embeddings.npy.*header says shape"):
+        load_index_dir(index_dir)
+
+
+def test_lying_npy_header_is_refused_in_a_shard(tmp_path):
+    """F8: the shared loader refuses a shape x itemsize that does not match the file (shards use it too)."""
+    from receipt_embed.npyfile import BadNpyFile, load_npy
+
+    with pytest.raises(BadNpyFile, match="lying.npy.*9999999999"):
+        load_npy(_lying_npy(tmp_path / "lying.npy"))

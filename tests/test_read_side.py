@@ -186,3 +186,43 @@ def test_lying_npy_header_is_refused_in_a_shard(tmp_path):
 
     with pytest.raises(BadNpyFile, match="lying.npy.*9999999999"):
         load_npy(_lying_npy(tmp_path / "lying.npy"))
+
+
+def test_non_string_manifest_values_are_rejected_as_invalid(tmp_path):
+    """F14: objects, lists, booleans, 1e400 and control characters in required JSONL columns are
+    `invalid_value` rejections naming the column; object metadata is kept as JSON text."""
+    import json
+
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+    from test_ingest import _jpeg
+
+    rows = [{"path": "ok.jpg", "receipt_id": 7, "device": "phone", "meta": {"a": 1}},
+            {"path": "1.jpg", "receipt_id": {"a": 1}, "device": "phone"},
+            {"path": "2.jpg", "receipt_id": "r2", "device": ["a"]},
+            {"path": "3.jpg", "receipt_id": True, "device": "phone"},
+            {"path": "5.jpg", "receipt_id": "r\x00id", "device": "phone"},
+            {"path": "6\x1b[2J.jpg", "receipt_id": "r6", "device": "phone"}]
+    for row in rows:
+        (tmp_path / row["path"].replace("\x1b[2J", "")).write_bytes(_jpeg(len(row["path"])))
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    text += '{"path": "4.jpg", "receipt_id": 1e400, "device": "phone"}\n'  # json.dumps would write Infinity
+    (tmp_path / "m.jsonl").write_text(text)
+    result = ingest(tmp_path / "m.jsonl", tmp_path / "out", load_config().ingest)
+    rejected = {entry["line"]: entry for entry in result.rejected}
+    assert {line: entry["reason"] for line, entry in rejected.items()} == {n: "invalid_value" for n in range(2, 8)}
+    for line, column in ((2, "receipt_id"), (3, "device"), (4, "receipt_id"), (5, "receipt_id"), (6, "path"),
+                         (7, "receipt_id")):
+        assert column in rejected[line]["detail"], rejected[line]
+    assert [(row["receipt_id"], row["meta"]) for row in result.rows] == [("7", '{"a":1}')]
+
+
+def test_empty_receipt_id_in_items_is_refused(embeddings_index, tmp_path):
+    """F14: items.jsonl with an empty receipt_id (checksums recomputed) is refused by index loading."""
+    from receipt_embed.indexing import IndexDirError, load_index_dir
+    from tamper import copy_index, rewrite_items
+
+    index_dir = copy_index(embeddings_index[0], tmp_path / "index")
+    rewrite_items(index_dir, lambda row, item: {**item, "receipt_id": ""} if row == 3 else item)
+    with pytest.raises(IndexDirError, match=r"items.jsonl, row 3 .*receipt_id is empty"):
+        load_index_dir(index_dir)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import math
 import os
+import re
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -80,15 +83,48 @@ def _reject(rejected: list, row: ManifestRow, reason: str, detail: str) -> None:
     rejected.append({"line": row.line, "path": path if isinstance(path, str) else None, "reason": reason, "detail": detail})
 
 
+# control characters (NUL, ESC, CR, ...) in a name would corrupt paths, reports and terminals
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _as_text(value) -> str:
+    """A manifest value as text: a JSON object or list (metadata only) as compact JSON, not a Python repr."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return str(value)
+
+
+def _invalid_value(fields: dict) -> str | None:
+    """Why a required column's value cannot name a capture, or None: it must be a string or a
+    plain finite number (a JSON manifest may hold objects, lists, booleans, 1e400), with no control characters."""
+    for column in REQUIRED_COLUMNS:
+        value = fields[column]
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            return f"{column} is a JSON {type(value).__name__} ({json.dumps(value)[:40]}), expected a string"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{column} is {value}, expected a string or a finite number"
+        if isinstance(value, str) and _CONTROL.search(value):
+            return f"{column} {value!r:.60} holds a control character"
+    return None
+
+
 def _validate_rows(rows: list[ManifestRow], root: Path, settings: IngestConfig, rejected: list) -> list[dict]:
     """Field and path checks that need no file access; returns candidate rows."""
     candidates, seen = [], {}
     for row in rows:
-        fields = {k: ("" if v is None else v if isinstance(v, str) else str(v)) for k, v in row.fields.items()}
+        fields = {k: _as_text(v) for k, v in row.fields.items()}
         missing = [c for c in REQUIRED_COLUMNS if row.fields.get(c) is None]
         empty = [c for c in REQUIRED_COLUMNS if c not in missing and not fields[c]]
         if missing:
             _reject(rejected, row, "missing_field", f"line {row.line}: missing {', '.join(missing)}")
+            continue
+        invalid = _invalid_value(row.fields)
+        if invalid:
+            _reject(rejected, row, "invalid_value", f"line {row.line}: {invalid}")
             continue
         if "receipt_id" in empty:
             _reject(rejected, row, "empty_receipt_id", f"line {row.line}: receipt_id is empty")

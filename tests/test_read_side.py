@@ -226,3 +226,37 @@ def test_empty_receipt_id_in_items_is_refused(embeddings_index, tmp_path):
     rewrite_items(index_dir, lambda row, item: {**item, "receipt_id": ""} if row == 3 else item)
     with pytest.raises(IndexDirError, match=r"items.jsonl, row 3 .*receipt_id is empty"):
         load_index_dir(index_dir)
+
+
+def test_too_wide_roots():
+    """F6: /, a top-level folder and the home folder (or above) are too wide; a project folder is not."""
+    from receipt_embed.audit.confine import too_wide_root
+
+    home = Path.home().resolve()
+    assert all(too_wide_root(Path(p)) for p in ("/", "/tmp", "/home", home, home.parent))
+    assert not too_wide_root(home / "receipts" / "captures") and not too_wide_root(Path("/srv/data/captures"))
+
+
+def test_forged_dataset_report_naming_root_gets_no_thumbnails(embeddings_index, tmp_path):
+    """F6: index.json -> a fake dataset dir whose ingest_report.json source is /manifest.csv makes
+    the root "/"; it is refused with one warning, and --images-root still allows a folder."""
+    import json
+
+    from conftest import REPO
+    from tamper import copy_index, edit_meta
+
+    fake = tmp_path / "fake_dataset"
+    fake.mkdir()
+    (fake / "ingest_report.json").write_text(json.dumps({"source": "/manifest.csv"}))
+    index_dir = copy_index(embeddings_index[0], tmp_path / "index")
+    edit_meta(index_dir, lambda meta: meta["source"].update(manifest=str(fake / "manifest.jsonl")))
+    report = tmp_path / "report"
+    result = run_cli("audit-shortcuts", index_dir, "--out", report, "--gallery", "2", "-q", timeout=HANG)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "too wide" in line]
+    assert len(warnings) == 1 and "--images-root" in warnings[0] and "(/)" in warnings[0], result.stderr
+    assert "data:image/jpeg" not in (report / "audit.html").read_text()
+    allowed = run_cli("audit-shortcuts", index_dir, "--out", tmp_path / "report2", "--gallery", "2", "-q",
+                      "--images-root", REPO / "data_samples", timeout=HANG)
+    assert allowed.returncode == 0, allowed.stderr
+    assert "data:image/jpeg" in (tmp_path / "report2" / "audit.html").read_text()

@@ -73,16 +73,34 @@ def recorded_roots(meta: dict) -> list[Path]:
     return []
 
 
+def too_wide_root(root: Path) -> bool:
+    """Whether a capture folder derived from index or dataset metadata is too wide to confine
+    reads to: ``/``, a top-level folder (``/tmp``, ``/home``), or the user's home folder or one
+    above it. A forged ``ingest_report.json`` naming ``/manifest.csv`` would otherwise allow
+    every file; ``--images-root`` still allows any folder the user names."""
+    if len(root.parts) < 3:  # "/" and "/name"
+        return True
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, OSError, KeyError):
+        return False
+    return home == root or home.is_relative_to(root)
+
+
 @dataclass
 class ImageRoots:
     """Folders image reads are confined to (symlinks resolved), and the reads refused."""
 
     roots: list[Path]
     refused: list[tuple[int, str]] = field(default_factory=list)  # (row, path) per refused read
+    too_wide: list[Path] = field(default_factory=list)  # recorded roots not trusted (see too_wide_root)
 
     @classmethod
     def for_index(cls, meta: dict, extra=()) -> ImageRoots:
-        return cls([Path(root).resolve() for root in [*recorded_roots(meta), *extra]])
+        recorded = [Path(root).resolve() for root in recorded_roots(meta)]
+        wide = [root for root in recorded if too_wide_root(root)]
+        kept = [root for root in recorded if root not in wide]
+        return cls([*kept, *(Path(root).resolve() for root in extra)], too_wide=wide)
 
     def allows(self, path: str) -> bool:
         try:
@@ -103,10 +121,14 @@ class ImageRoots:
 
     def warning(self) -> str | None:
         """One line for all refusals, naming the first, or None when nothing was refused."""
+        wide = ""
+        if self.too_wide:
+            wide = (f"the capture folder index.json leads to ({', '.join(map(str, self.too_wide))}) is too wide to "
+                    "trust (/, a top-level folder, or your home folder or above), so no thumbnail is read from it; ")
         if not self.refused:
-            return None
+            return wide + "pass --images-root DIR to allow a folder" if wide else None
         row, path = self.refused[0]  # the CLI prints warnings escaped
         where = ", ".join(str(root) for root in self.roots) or "none recorded in index.json"
         more = f" and {len(self.refused) - 1} more" if len(self.refused) > 1 else ""
-        return (f"{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
+        return (f"{wide}{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
                 f"(row {row}: {path}{more}); allowed: {where}; pass --images-root DIR to allow another folder")

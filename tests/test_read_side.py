@@ -260,3 +260,65 @@ def test_forged_dataset_report_naming_root_gets_no_thumbnails(embeddings_index, 
                       "--images-root", REPO / "data_samples", timeout=HANG)
     assert allowed.returncode == 0, allowed.stderr
     assert "data:image/jpeg" in (tmp_path / "report2" / "audit.html").read_text()
+
+
+def test_fifo_dataset_manifest_is_named_not_missing(trained, tmp_path):
+    """F12: a FIFO as a dataset dir's manifest.jsonl is named as a FIFO, not reported "not found"."""
+    from receipt_embed.data.dataset_dir import load_dataset_dir
+    from receipt_embed.userfiles import UnusableFile
+
+    (tmp_path / "ds").mkdir()
+    os.mkfifo(tmp_path / "ds" / "manifest.jsonl")
+    with pytest.raises(UnusableFile, match="manifest.jsonl: is a FIFO"):
+        load_dataset_dir(tmp_path / "ds")
+
+
+def test_device_as_recorded_checkpoint_is_named(embeddings_index):
+    """F12: index.json's source.checkpoint of /dev/zero is named as not a regular file."""
+    from receipt_embed.indexing import IndexDirError, load_index_dir
+    from receipt_embed.indexing.search import resolve_checkpoint
+
+    loaded = load_index_dir(embeddings_index[0])
+    loaded.meta["source"] = {"kind": "checkpoint", "checkpoint": "/dev/zero", "checkpoint_sha256": "0" * 64}
+    with pytest.raises(IndexDirError, match="/dev/zero: is a character device, not a regular file"):
+        resolve_checkpoint(loaded)
+
+
+def test_symlink_loop_source_and_config_are_named(tmp_path):
+    """F12: a symlink loop as ingest SOURCE or --config says so (click alone says "does not exist")."""
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    for args in (("ingest", tmp_path / "a", "--out", tmp_path / "ds"), ("config", "--config", tmp_path / "a")):
+        result = run_cli(*args, timeout=HANG)
+        assert result.returncode == 2 and "symlink loop" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("content", ["text", "npy", "device"])
+def test_bad_pretrained_file_is_one_line_naming_it(tmp_path, content):
+    """F12: model.pretrained naming /etc/passwd-like text, a .npy or a device is one ValueError naming the file."""
+    import numpy as np
+
+    from receipt_embed.models.receipt_cnn import ReceiptCNN
+
+    path = {"text": tmp_path / "passwd", "npy": tmp_path / "w.npy", "device": Path("/dev/zero")}[content]
+    if content == "text":
+        path.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    elif content == "npy":
+        np.save(path, np.zeros(3))
+    with pytest.raises(ValueError) as info:
+        ReceiptCNN(pretrained=str(path))
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_checkpoint_with_non_finite_weights_is_named(trained, tmp_path):
+    """F12: a checkpoint whose weights load but hold NaN/Inf (a flipped exponent bit) names the tensor."""
+    import torch
+
+    from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
+
+    state = torch.load(trained[1], map_location="cpu", weights_only=True)
+    name = next(k for k, v in state["model"].items() if v.is_floating_point() and v.numel() > 1)
+    state["model"][name].view(-1)[0] = float("inf")
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=f"bad.pt: model.{name} holds NaN or Inf"):
+        load_checkpoint(tmp_path / "bad.pt")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import InputError, config_options, resolve_config
+from receipt_embed.cli.options import ExistingPath, InputError, config_options, resolve_config
 from receipt_embed.display import printable
 
 
@@ -23,7 +23,7 @@ def _ratios(ctx, param, value):
 
 
 @click.command()
-@click.argument("source", type=click.Path(exists=True))
+@click.argument("source", type=ExistingPath())
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Dataset dir to write.")
 @click.option("--split-ratios", callback=_ratios, default=None, help="train,val,heldout shares of identities [0.8,0.1,0.1].")
 @click.option("--seed", type=int, default=None, help="Split seed [ingest.seed].")

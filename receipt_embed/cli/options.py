@@ -13,13 +13,33 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
+class ExistingPath(click.Path):
+    """``click.Path(exists=True)`` that names a symlink loop as one (click says "does not exist")."""
+
+    def __init__(self, **kwargs):
+        super().__init__(exists=True, **kwargs)
+
+    def convert(self, value, param, ctx):
+        import errno
+        import os
+
+        try:
+            os.stat(value)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                self.fail(f"{os.fsdecode(value)!r}: too many levels of symbolic links (a symlink loop)", param, ctx)
+        except ValueError:
+            self.fail(f"{value!r}: the path contains a NUL byte", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def config_options(command):
     """Add ``--config FILE`` and repeatable ``--set key.path=value`` to a command."""
 
     @click.option(
         "--config",
         "config_file",
-        type=click.Path(dir_okay=False, exists=True),
+        type=ExistingPath(dir_okay=False),
         default=None,
         help="YAML file merged over configs/default.yaml.",
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
-from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, read_regular
+from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
 
 # float32 cosine similarities of identical vectors can land a hair under 1.0: thresholds
 # are compared with this tolerance, so T = 1 finds exact duplicates in both search modes
@@ -33,11 +33,16 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
         )
     recorded = Path(source["checkpoint"])
     path = Path(override) if override else recorded
-    if not path.is_file():
+    try:
+        check_regular(path)  # /dev/zero or a FIFO is named as such, not "not found"
+    except UnusableFile as exc:
+        if exc.reason != "missing_file":
+            raise IndexDirError(f"checkpoint {exc}" + ("" if override else f" ({index_dir.path} records it; "
+                                "pass --checkpoint PATH to use a copy)")) from None
         if override:
-            raise IndexDirError(f"checkpoint {path} not found")
+            raise IndexDirError(f"checkpoint {path} not found") from None
         raise IndexDirError(f"checkpoint {path} not found: {index_dir.path} was built with it; "
-                            "pass --checkpoint PATH if it moved")
+                            "pass --checkpoint PATH if it moved") from None
     if sha256_file(path) != source["checkpoint_sha256"]:
         raise IndexDirError(
             f"checkpoint {path} is not the one that built {index_dir.path} (sha256 differs from index.json): "

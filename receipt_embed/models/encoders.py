@@ -55,15 +55,41 @@ def _to_grayscale_input(trunk: nn.Module) -> None:
     setattr(parent, attr, gray)
 
 
+def read_weights_file(path: Path) -> dict:
+    """A state dict from a local weights file; a text file, a .npy or a device is one line naming
+    it (not torch's IndexError or its multi-line weights_only advice)."""
+    import io
+    import pickle
+
+    from receipt_embed.userfiles import UnusableFile, read_regular
+
+    try:
+        data = read_regular(path, None)
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            raise FileNotFoundError(f"pretrained weights file not found: {path}") from None
+        raise ValueError(f"pretrained weights file {exc}") from None
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except (RuntimeError, ValueError, IndexError, KeyError, TypeError, AttributeError, EOFError,
+            pickle.UnpicklingError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if first.startswith("Weights only load failed"):
+            first = "it holds objects other than tensors, which a safe load refuses"
+        raise ValueError(f"pretrained weights file {path} is not a torch state dict saved with torch.save "
+                         f"({first[:160]})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"pretrained weights file {path} holds {type(state).__name__}, not a state dict of tensors")
+    return state
+
+
 def _load_weights(model: nn.Module, arch: str, pretrained: str | None) -> None:
     """``pretrained``: None/"none", a torchvision weights name (downloads), or a local file."""
     if pretrained in (None, "", "none"):
         return
     path = Path(pretrained)
     if path.suffix in {".pt", ".pth"} or path.exists():
-        if not path.is_file():
-            raise FileNotFoundError(f"pretrained weights file not found: {path}")
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_weights_file(path)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or len(missing) == len(model.state_dict()):
             raise ValueError(

@@ -9,6 +9,9 @@ features keep *where* things are.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -29,11 +32,13 @@ class ReceiptCNN(nn.Module):
         widths: tuple[int, ...] = (32, 48, 64, 96, 128),
     ):
         super().__init__()
+        state = None
         if pretrained not in (None, "", "none"):
-            from pathlib import Path
+            from receipt_embed.models.encoders import read_weights_file
 
-            if not Path(pretrained).is_file():
+            if not os.path.lexists(pretrained):
                 raise FileNotFoundError(f"receipt_cnn has no published weights; pretrained must be a local file, got {pretrained!r}")
+            state = read_weights_file(Path(pretrained))  # a text file or a .npy is one line naming it
         if pooling not in ("gap", "grid"):
             raise ValueError(f"pooling must be 'gap' or 'grid', got {pooling!r}")
         layers, cin = [], in_channels
@@ -46,8 +51,12 @@ class ReceiptCNN(nn.Module):
         cells = (1, 1) if pooling == "gap" else tuple(grid)
         self.pool = nn.AdaptiveAvgPool2d(cells)
         self.feature_dim = cin * cells[0] * cells[1]
-        if pretrained not in (None, "", "none"):
-            self.load_state_dict(torch.load(pretrained, map_location="cpu", weights_only=True))
+        if state is not None:
+            try:
+                self.load_state_dict(state)
+            except RuntimeError as exc:
+                first = str(exc).strip().splitlines()[0]
+                raise ValueError(f"pretrained weights file {pretrained} does not fit receipt_cnn: {first[:200]}") from None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return torch.flatten(self.pool(self.trunk(images)), 1)

@@ -80,6 +80,21 @@ def _check_tensor_dict(value, key: str, path) -> None:
     for name, tensor in value.items():
         if not isinstance(name, str) or not torch.is_tensor(tensor):
             raise CheckpointError(f"{path}: {key}.{name} is {_type_name(tensor)}, not a tensor")
+        _check_finite(tensor, f"{key}.{name}", path)
+
+
+# trained weights stay many orders of magnitude below this; a flipped exponent bit does not
+MAX_WEIGHT_MAGNITUDE = 1e20
+
+
+def _check_finite(tensor: torch.Tensor, name: str, path) -> None:
+    """A bit-flipped checkpoint loads, then fails far away ("SVD did not converge"): name it here."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return
+    if not bool(torch.isfinite(tensor).all()):
+        raise CheckpointError(f"{path}: {name} holds NaN or Inf values; the checkpoint is corrupt")
+    if float(tensor.abs().max()) > MAX_WEIGHT_MAGNITUDE:
+        raise CheckpointError(f"{path}: {name} holds values beyond {MAX_WEIGHT_MAGNITUDE:g}; the checkpoint is corrupt")
 
 
 def check_contents(state: dict, path) -> None:

@@ -107,7 +107,8 @@ def _invalid_value(fields: dict) -> str | None:
             return f"{column} is a JSON {type(value).__name__} ({json.dumps(value)[:40]}), expected a string"
         if isinstance(value, float) and not math.isfinite(value):
             return f"{column} is {value}, expected a string or a finite number"
-        if isinstance(value, str) and _CONTROL.search(value):
+        # a NUL byte in a path stays `unresolvable_path` (the OS cannot name such a file)
+        if isinstance(value, str) and _CONTROL.search(value.replace("\0", "") if column == "path" else value):
             return f"{column} {value!r:.60} holds a control character"
     return None
 

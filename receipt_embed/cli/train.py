@@ -31,8 +31,11 @@ def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int, force:
     """Checks made once, before launching N processes (so a mistake is one line, exit 2)."""
     from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
     from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
+    from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
     from receipt_embed.training.trainer import LAST
 
+    check_run_out(out)
+    refuse_dataset_inside(out, data_dir)
     identities = len(select_split(load_dataset_dir(data_dir), "train").identities)
     batch = min(config.train.batch_size, identities)
     if batch % nproc:
@@ -129,6 +132,12 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    from receipt_embed.training.rundir import check_run_out
+
+    try:
+        check_run_out(out_dir, sweep=sweep is not None)  # before its config.yaml or data.json is read
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     if resume and data_dir is None:
         from receipt_embed.training.checkpoint import CheckpointError
         from receipt_embed.training.trainer import recorded_data_dir
@@ -204,6 +213,10 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     log = lambda message: click.echo(message, err=True)  # noqa: E731
 
     try:
+        from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
+
+        check_run_out(out, sweep=sweep is not None)  # before anything is written into it
+        refuse_dataset_inside(out, data_dir)
         data = ensure_dataset(data_dir, out, config, progress, log)
         if sweep is not None:
             if resume:

@@ -637,17 +637,20 @@ def train(config: Config, data_dir, run_dir, registry, resume: bool = False, pro
     main = int(os.environ.get("RANK", "0")) == 0
     with write_lock(run_dir) if main else nullcontext():
         if main:
-            refuse_other_kinds(run_dir)
+            refuse_other_kinds(run_dir, data_dir)
             settle_leftovers(run_dir, log=None)
         trainer = Trainer(config, data_dir, run_dir, registry, resume=resume, progress=progress, log=log, force=force)
         return trainer.run()
 
 
-def refuse_other_kinds(run_dir) -> None:
-    """A dataset, index, shard or report dir is never turned into a run dir."""
+def refuse_other_kinds(run_dir, data_dir=None) -> None:
+    """A dataset, index, shard or report dir, a user's folder, or one holding the data the run reads, is
+    never turned into a run dir."""
     from receipt_embed.outdir import WHAT, dir_kind
+    from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
 
     kind = dir_kind(run_dir)
     if kind in ("dataset", "index", "shard", "audit"):
         raise ValueError(f"{run_dir} holds {WHAT[kind]}, not a run; train into another --out")
-
+    check_run_out(run_dir)
+    refuse_dataset_inside(run_dir, data_dir)

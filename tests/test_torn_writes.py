@@ -214,3 +214,20 @@ def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_pa
     after = tree_digest(run)
     assert after != before and "checkpoints/last.pt" in after and len(after) == len(before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"], "the old run is gone once replaced"
+
+
+def test_a_full_disk_while_writing_the_lock_record_names_the_lock_file(small_disk):
+    """F11: ENOSPC writing the holder's record into the lock file is a DiskFull naming the lock file."""
+    from receipt_embed.fileio import DiskFull
+    from receipt_embed.locking import write_lock
+
+    with open(small_disk / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    with pytest.raises(DiskFull, match=rf"no space left on device writing {small_disk}/\.ds\.lock "):
+        with write_lock(small_disk / "ds"):
+            pass

@@ -36,6 +36,12 @@ class DirLocked(ValueError):
     """Another live process is writing the dir; the message names it (one line)."""
 
 
+class StoppedBySignal(SystemExit):
+    """SIGTERM arrived while a writer held its lock: unwinds it (exit code 143) so it cleans up."""
+
+    reported = False  # the innermost lock it unwinds says so in one line
+
+
 class UnusableLockFile(ValueError):
     """The lock file is a link, FIFO, device or folder (or has other names): never written through."""
 
@@ -164,6 +170,12 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
             with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
                 _write_holder(fd, path, record)
                 yield path
+        except StoppedBySignal as stop:
+            if not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
+                stop.reported = True
+                name = signal.Signals(stop.code - 128).name if isinstance(stop.code, int) else "a signal"
+                print(f"stopped by {name}: {out} left as it was", file=sys.stderr, flush=True)
+            raise
         finally:
             del _held[key]
             path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
@@ -180,7 +192,7 @@ def _sigterm_unwinds() -> Iterator[None]:
         return
 
     def stop(signum, frame):
-        raise SystemExit(128 + signum)
+        raise StoppedBySignal(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -204,4 +216,4 @@ def held_locks_env(*outs) -> dict[str, str]:
     return {HELD_LOCKS_ENV: os.pathsep.join([*held, *(str(lock_path(o)) for o in outs)])}
 
 
-__all__ = ["DirLocked", "UnusableLockFile", "HELD_LOCKS_ENV", "held_locks_env", "lock_path", "write_lock"]
+__all__ = ["DirLocked", "StoppedBySignal", "UnusableLockFile", "HELD_LOCKS_ENV", "held_locks_env", "lock_path", "write_lock"]

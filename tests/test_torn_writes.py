@@ -117,6 +117,7 @@ def _lock_named(path: Path) -> bool:
 
 
 def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
+    """SIGTERM mid-ingest exits 143 with the old dataset pair intact, and (F13) says so in one line."""
     from receipt_embed.ingest import ingest
 
     source = slow_source(tmp_path, 6)
@@ -140,6 +141,7 @@ def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
             break
         interrupted += 1
         assert child.returncode == 143 and "Traceback" not in err, err
+        assert err.strip() == f"stopped by SIGTERM: {out} left as it was", err  # F13: one line, not silence
         assert tree_digest(out) == before, f"SIGTERM after {delay}s changed the dataset dir"
         assert not list(tmp_path.glob(".ds.*")), "the staging dir and the lock go on SIGTERM"
     assert interrupted, "no SIGTERM landed while ingest was running; make the source slower"

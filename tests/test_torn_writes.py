@@ -233,3 +233,28 @@ def test_a_full_disk_while_writing_the_lock_record_names_the_lock_file(small_dis
     with pytest.raises(DiskFull, match=rf"no space left on device writing {small_disk}/\.ds\.lock "):
         with write_lock(small_disk / "ds"):
             pass
+
+
+def test_a_full_disk_in_any_index_file_names_that_file(tmp_path, small_disk):
+    """F11: however little space is left, `index --force` on a full disk is the DiskFull line naming the
+    file (index.faiss, items.jsonl or embeddings.npy), never numpy's or FAISS's bare "7680 requested and
+    992 written"; the old index survives."""
+    small = write_embeddings(tmp_path, "small", 120, dim=64)
+    index = small_disk / "ix"
+    assert run_cli("index", "--embeddings", small[0], "--manifest", small[1], "--out", index, "-q").returncode == 0
+    before = tree_digest(index)
+    named = set()
+    for room_kb in (10, 30, 45, 50, 55, 60):
+        filler = small_disk / "filler"
+        filler.unlink(missing_ok=True)
+        info = os.statvfs(small_disk)
+        filler.write_bytes(b"\0" * max(0, info.f_bavail * info.f_frsize - room_kb * 1024))
+        result = run_cli("index", "--embeddings", small[0], "--manifest", small[1], "--out", index, "-q", "--force")
+        if result.returncode == 0:
+            break
+        assert result.returncode == 2 and "requested and" not in result.stderr, result.stderr
+        line = result.stderr.strip()
+        assert line.startswith(f"Error: no space left on device writing {index}/"), line
+        named.add(line.split(f"{index}/")[1].split(" ")[0])
+        assert tree_digest(index) == before
+    assert "embeddings.npy" in named, named

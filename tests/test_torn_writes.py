@@ -258,3 +258,26 @@ def test_a_full_disk_in_any_index_file_names_that_file(tmp_path, small_disk):
         named.add(line.split(f"{index}/")[1].split(" ")[0])
         assert tree_digest(index) == before
     assert "embeddings.npy" in named, named
+
+
+def test_resume_after_a_killed_force_run_uses_the_restored_runs_data(tmp_path, trained):
+    """F12: a `train --force` killed before its first checkpoint left the old run aside and its own
+    data.json/config.yaml in place; the first `--resume` (no --data) restores the old run first and
+    resumes it on the old run's dataset, not the aborted run's."""
+    from receipt_embed.training.rundir import set_aside
+
+    dataset, run = trained[0], tmp_path / "run"
+    shutil.copytree(trained[1], run)
+    old_record = (run / "data.json").read_text()
+    set_aside(run)
+    other = tmp_path / "other_ds"
+    shutil.copytree(dataset, other)
+    with open(other / "manifest.jsonl", "a") as handle:
+        handle.write("\n")
+    (run / "data.json").write_text(json.dumps({"data_dir": str(other), "manifest_sha256": "0" * 64}))
+    shutil.copy(trained[1] / "config.yaml", run / "config.yaml")
+    result = run_cli("train", "--out", run, "--resume", "-q", "--set", "train.epochs=2")
+    assert result.returncode == 0, result.stderr
+    assert "restored the run in" in result.stderr and "manifest differs" not in result.stderr
+    assert (run / "data.json").read_text() == old_record
+    assert not list(tmp_path.glob(".run.old-*"))

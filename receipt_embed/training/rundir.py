@@ -34,6 +34,11 @@ def _aside_dirs(run_dir: Path) -> list[Path]:
     return sorted(p for p in run_dir.parent.iterdir() if p.name.startswith(prefix) and p.is_dir())
 
 
+def leftovers_of(run_dir: str | os.PathLike) -> list[Path]:
+    """The old runs interrupted ``train --force`` writers left beside ``run_dir``."""
+    return _aside_dirs(Path(os.path.abspath(run_dir)))
+
+
 def set_aside(run_dir: str | os.PathLike) -> Path | None:
     """Move the run's files (all but ``dataset/``) into a sibling; returns it (None when there were none).
 

@@ -112,6 +112,10 @@ def check_same_dataset(run_dir, record: dict) -> None:
         raise CheckpointError(f"cannot resume {run_dir}: {record['data_dir']} holds no manifest.jsonl (moved or "
                               "deleted?); pass --data with the dataset dir the run was trained on")
     if saved.get("manifest_sha256") and record["manifest_sha256"] != saved["manifest_sha256"]:
+        if Path(record["data_dir"]) == Path(saved["data_dir"]):  # the same dir, re-ingested or edited since
+            raise CheckpointError(f"cannot resume {run_dir}: the manifest of {record['data_dir']} changed since the "
+                                  f"run was trained on it (its sha256 is not the one in {Path(run_dir) / DATA_FILE}); "
+                                  "resume on the dataset as it was, or start a new run with --force")
         raise CheckpointError(f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
                               f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}")
 

@@ -216,4 +216,5 @@ def held_locks_env(*outs) -> dict[str, str]:
     return {HELD_LOCKS_ENV: os.pathsep.join([*held, *(str(lock_path(o)) for o in outs)])}
 
 
-__all__ = ["DirLocked", "StoppedBySignal", "UnusableLockFile", "HELD_LOCKS_ENV", "held_locks_env", "lock_path", "write_lock"]
+__all__ = ["DirLocked", "HELD_LOCKS_ENV", "StoppedBySignal", "UnusableLockFile", "held_locks_env", "lock_path",
+           "write_lock"]

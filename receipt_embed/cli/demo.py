@@ -100,7 +100,8 @@ def check_demo_out(out: Path, samples) -> None:
         return
     extra = sorted(e.name for e in out.iterdir() if not _ours_hidden(e.name) and e.name not in DEMO_PARTS)
     if extra:
-        raise InputError(f"{foreign} ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}), not a demo run; {never}")
+        shown = ", ".join(extra[:3]) + (", ..." if len(extra) > 3 else "")
+        raise InputError(f"{foreign} ({shown}), not a demo run; {never}")
     for name, kind in DEMO_PARTS.items():
         part = out / name
         if kind == "run":

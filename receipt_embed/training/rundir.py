@@ -160,7 +160,7 @@ def is_run_dir(run_dir: str | os.PathLike) -> bool:
     if entries - {KEPT} and not _is_data_record(run_dir / "data.json"):
         return False
     checkpoints = run_dir / "checkpoints"
-    if checkpoints.exists() and (not checkpoints.is_dir() or any(not name.endswith(".pt") for name in _entries(checkpoints))):
+    if checkpoints.exists() and (not checkpoints.is_dir() or any(not n.endswith(".pt") for n in _entries(checkpoints))):
         return False
     return KEPT not in entries or _is_our_dataset(run_dir / KEPT)
 

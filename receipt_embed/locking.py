@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -33,6 +34,16 @@ _held: dict[str, int] = {}  # lock file -> how many nested holds this process ha
 
 class DirLocked(ValueError):
     """Another live process is writing the dir; the message names it (one line)."""
+
+
+class StoppedBySignal(SystemExit):
+    """SIGTERM arrived while a writer held its lock: unwinds it (exit code 143) so it cleans up."""
+
+    reported = False  # the innermost lock it unwinds says so in one line
+
+
+class UnusableLockFile(ValueError):
+    """The lock file is a link, FIFO, device or folder (or has other names): never written through."""
 
 
 def lock_path(out: str | os.PathLike) -> Path:
@@ -61,7 +72,7 @@ def _read_holder(fd: int) -> dict:
 def _open_locked(path: Path, out) -> int:
     """A descriptor on ``path`` holding its flock; raises DirLocked while another holds it."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -72,12 +83,60 @@ def _open_locked(path: Path, out) -> int:
             message = f"{out} is being written by {_describe(holder)}: wait for it to finish or stop it"
             raise DirLocked(message) from None
         try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            same = os.lstat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             same = False
         if same:  # else the holder removed the file between our open and flock: try the new one
             return fd
         os.close(fd)
+
+
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _unusable(path: Path, what: str) -> UnusableLockFile:
+    return UnusableLockFile(f"the lock file {path} is {what}, not a regular file receipt-embed wrote; it is never "
+                            "written through: remove it and try again")
+
+
+def _open_lock_file(path: Path) -> int:
+    """A descriptor on the regular lock file ``path`` (created if absent); never follows a link, never
+    blocks on a FIFO, and refuses anything that is not a plain file of one name."""
+    from receipt_embed.fileio import DiskFull, free_bytes, is_disk_full
+
+    try:
+        fd = os.open(path, _OPEN_FLAGS, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _unusable(path, "a symbolic link") from None
+        if exc.errno == errno.EISDIR:
+            raise _unusable(path, "a folder") from None
+        if is_disk_full(exc):
+            raise DiskFull(path, free_bytes(path.parent)) from None
+        raise UnusableLockFile(f"cannot open the lock file {path}: {exc.strerror}") from None
+    info = os.fstat(fd)
+    what = next((name for test, name in _KINDS if test(info.st_mode)), None)
+    if what is None and info.st_nlink > 1:
+        what = f"a file with {info.st_nlink} names (hard links)"
+    if what is not None:
+        os.close(fd)
+        raise _unusable(path, what)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _write_holder(fd: int, path: Path, record: dict) -> None:
+    from receipt_embed.fileio import DiskFull, free_bytes, is_disk_full
+
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(path, free_bytes(path.parent)) from None
+        raise
 
 
 @contextmanager
@@ -109,9 +168,14 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         _held[key] = 1
         try:
             with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+                _write_holder(fd, path, record)
                 yield path
+        except StoppedBySignal as stop:
+            if not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
+                stop.reported = True
+                name = signal.Signals(stop.code - 128).name if isinstance(stop.code, int) else "a signal"
+                print(f"stopped by {name}: {out} left as it was", file=sys.stderr, flush=True)
+            raise
         finally:
             del _held[key]
             path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
@@ -128,7 +192,7 @@ def _sigterm_unwinds() -> Iterator[None]:
         return
 
     def stop(signum, frame):
-        raise SystemExit(128 + signum)
+        raise StoppedBySignal(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -152,4 +216,5 @@ def held_locks_env(*outs) -> dict[str, str]:
     return {HELD_LOCKS_ENV: os.pathsep.join([*held, *(str(lock_path(o)) for o in outs)])}
 
 
-__all__ = ["DirLocked", "HELD_LOCKS_ENV", "held_locks_env", "lock_path", "write_lock"]
+__all__ = ["DirLocked", "HELD_LOCKS_ENV", "StoppedBySignal", "UnusableLockFile", "held_locks_env", "lock_path",
+           "write_lock"]

@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 import pytest
 
-from conftest import builtin_registry, train_tiny
+from conftest import builtin_registry, run_cli, train_tiny
 from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
 from receipt_embed.embedding import embed_paths, load_model
 from receipt_embed.indexing import IndexBuildError, IndexDirError, all_pairs, build_index, load_index_dir
@@ -381,3 +381,68 @@ def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
     (tmp_path / "s1" / "shard.json").write_text("{broken")
     result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "s2", "--out", tmp_path / "m5")
     assert result.returncode == 2 and "shard.json is damaged" in result.stderr
+
+
+def _pairs_index(tmp_path, receipt_ids):
+    x = np.repeat(np.eye(4, 8, dtype=np.float32), 2, axis=0)  # rows 2k and 2k+1 are the same vector
+    np.save(tmp_path / "x.npy", x)
+    with open(tmp_path / "m.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device"])
+        writer.writerows([[f"img{i}.jpg", receipt_ids[i % len(receipt_ids)], "d"] for i in range(len(x))])
+    build = run_cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix")
+    assert build.returncode == 0, build.stderr
+    return tmp_path / "ix"
+
+
+def test_all_pairs_out_never_replaces_a_file_without_force(tmp_path):
+    """F15: `search --all-pairs --out FILE` refuses an existing FILE unless --force, and never writes into
+    the index dir it reads (its own files stay as they were)."""
+    index = _pairs_index(tmp_path, ["r0", "r1"])
+    mine = tmp_path / "mine.csv"
+    mine.write_text("my own table\n")
+    common = ("search", index, "--all-pairs", "--threshold", "0.9", "--out")
+    refused = run_cli(*common, mine)
+    assert refused.returncode == 2 and f"--out {mine} already exists; pass --force" in refused.stderr, refused.stderr
+    assert mine.read_text() == "my own table\n"
+    before = {p.name: p.read_bytes() for p in index.iterdir()}
+    for target in (index / "items.jsonl", index / "pairs.csv"):
+        inside = run_cli(*common, target, "--force")
+        assert inside.returncode == 2 and "is inside the index dir" in inside.stderr, inside.stderr
+    assert {p.name: p.read_bytes() for p in index.iterdir()} == before
+    forced = run_cli(*common, mine, "--force")
+    assert forced.returncode == 0 and mine.read_text().startswith("row_a,"), forced.stderr
+
+
+def test_all_pairs_on_a_terminal_escapes_control_characters(tmp_path):
+    """F9: `--out -` on a terminal shows receipt ids through display.printable (no raw ESC/CR/BEL);
+    to a pipe the CSV stays byte-exact."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from receipt_embed.cli.search import terminal_safe
+
+    evil = "r0\x1b[2K\rDUPLICATE of receipt EVIL\x07"
+    assert terminal_safe((0, 1, "1.0", "true", evil), on_terminal=False)[4] == evil
+    assert terminal_safe((0, 1, "1.0", "true", evil), on_terminal=True)[4] == "r0\\x1b[2K\\rDUPLICATE of receipt EVIL\\x07"
+    index = _pairs_index(tmp_path, [evil, "r1"])
+    args = [sys.executable, "-m", "receipt_embed", "search", str(index), "--all-pairs", "--threshold", "0.9", "--out", "-"]
+    piped = subprocess.run(args, capture_output=True, timeout=120)
+    assert piped.returncode == 0 and evil.encode() in piped.stdout
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(args, stdout=follower, stderr=subprocess.DEVNULL)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert child.wait(timeout=120) == 0
+    assert b"\x1b" not in shown and b"\x07" not in shown and b"\\x1b[2K\\rDUPLICATE" in shown

@@ -118,3 +118,49 @@ def test_the_lock_is_reentrant_and_shared_with_child_processes(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_lock_file_that_is_a_link_is_never_written_through(tmp_path):
+    """F3: a symlink (or dangling symlink) in place of the lock file is refused in one line naming it,
+    exit 2, and the file it points at is left as it was."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock = tmp_path / ".ds.lock"
+    lock.symlink_to(victim)
+    result = run_cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", "-q", timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == (f"Error: the lock file {lock} is a symbolic link, not a regular file receipt-embed "
+                                     "wrote; it is never written through: remove it and try again")
+    assert victim.read_text() == "precious" and not (tmp_path / "ds").exists()
+    lock.unlink()
+    lock.symlink_to(tmp_path / "nowhere")
+    from receipt_embed.locking import UnusableLockFile, write_lock
+
+    with pytest.raises(UnusableLockFile, match="is a symbolic link"):
+        with write_lock(tmp_path / "ds"):
+            pass
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_fifo_folder_or_hard_linked_lock_file_is_refused_by_name(tmp_path):
+    """F3 + F11: a FIFO (without hanging), a folder or a second name of another file as the lock file is
+    refused naming the lock file, not a bare "[Errno 22] Invalid argument"."""
+    from receipt_embed.locking import UnusableLockFile, write_lock
+
+    out = tmp_path / "ds"
+    os.mkfifo(tmp_path / ".ds.lock")
+    result = run_cli("ingest", REPO / "data_samples", "--out", out, "-q", timeout=60)
+    assert result.returncode == 2 and f"the lock file {tmp_path / '.ds.lock'} is a FIFO" in result.stderr, result.stderr
+    os.unlink(tmp_path / ".ds.lock")
+    (tmp_path / ".ds.lock").mkdir()
+    with pytest.raises(UnusableLockFile, match=r"\.ds\.lock is a folder"):
+        with write_lock(out):
+            pass
+    os.rmdir(tmp_path / ".ds.lock")
+    other = tmp_path / "other.txt"
+    other.write_text("mine")
+    os.link(other, tmp_path / ".ds.lock")
+    with pytest.raises(UnusableLockFile, match="2 names"):
+        with write_lock(out):
+            pass
+    assert other.read_text() == "mine"

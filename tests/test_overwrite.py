@@ -142,3 +142,100 @@ def test_dir_kinds_tell_ours_from_the_users(tmp_path):
     (website / "index.json").write_text("{}")  # a marker file alone does not make a folder ours
     (website / "index.html").write_text("<html>")
     assert dir_kind(website) == "other"
+
+
+def test_train_never_writes_into_a_folder_it_did_not_write(cli, tmp_path, dataset):
+    """F1 + F2: `train --out` (fresh, --force, --resume) refuses a user's folder, even one holding files
+    named like a run's (config.yaml, metrics.jsonl) but no checkpoint; nothing in it changes."""
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "thesis.tex").write_text("draft")
+    lookalike = tmp_path / "lookalike"
+    lookalike.mkdir()
+    (lookalike / "config.yaml").write_text("keep: 1\n")
+    (lookalike / "metrics.jsonl").write_text("my metrics\n")
+    for folder in (thesis, lookalike):
+        before = tree_digest(folder)
+        for flags in ((), ("--force",), ("--resume",)):
+            result = cli("train", "--data", dataset, "--out", folder, "-q", "--set", "train.epochs=1", *flags)
+            assert result.returncode == 2, result.stderr
+            assert f"{folder} holds files that receipt-embed did not write" in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert tree_digest(folder) == before
+
+
+def test_train_refuses_an_out_holding_its_dataset_or_captures(tmp_path):
+    """F1: a --out that is, or holds, the dataset dir, its ingest source folder or its captures is refused
+    (also when --out is a run dir, which may hold anything its plugins wrote)."""
+    import shutil
+
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+    from receipt_embed.training.rundir import check_run_out, is_run_dir, refuse_dataset_inside
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    shutil.copytree(REPO / "data_samples", run / "captures")
+    ingest(run / "captures", tmp_path / "ds", load_config().ingest)
+    assert is_run_dir(run)
+    check_run_out(run)
+    with pytest.raises(ValueError, match=r"holds .*captures.*read by the dataset"):
+        refuse_dataset_inside(run, tmp_path / "ds")
+    with pytest.raises(ValueError, match="is the dataset"):
+        refuse_dataset_inside(tmp_path / "ds", tmp_path / "ds")
+    refuse_dataset_inside(run, run / "dataset")  # the run's own copy of the samples
+    refuse_dataset_inside(tmp_path / "elsewhere", tmp_path / "ds")
+
+
+def test_run_dir_kinds(tmp_path):
+    """F1 + F2: which folders `train` may write into: ours (a checkpoint, or a run stopped before one)
+    or empty; a folder without a run's marker files that holds anything else is the user's."""
+    from receipt_embed.training.rundir import is_run_dir, is_sweep_dir
+
+    assert is_run_dir(tmp_path / "absent") and is_run_dir(tmp_path)
+    plugin = tmp_path / "plugin_run"
+    (plugin / "checkpoints").mkdir(parents=True)
+    (plugin / "checkpoints" / "last.pt").write_bytes(b"")
+    (plugin / "my_plugin_plot.png").write_bytes(b"x")
+    assert is_run_dir(plugin)
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "config.yaml").write_text("a: 1\n")
+    (stopped / "data.json").write_text(json.dumps({"data_dir": "/x", "manifest_sha256": None}))
+    assert is_run_dir(stopped)
+    (stopped / "notes.txt").write_text("mine")
+    assert not is_run_dir(stopped)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "data.json").write_text(json.dumps({"mine": 1}))
+    assert not is_run_dir(fake)
+    sweep = tmp_path / "sweep"
+    (sweep / "loss.temperature=0.1").mkdir(parents=True)
+    (sweep / "sweep.json").write_text("{}")
+    assert is_sweep_dir(sweep)
+    (sweep / "thesis.tex").write_text("x")
+    assert not is_sweep_dir(sweep)
+
+
+def test_demo_never_replaces_a_folder_it_did_not_write(cli, tmp_path):
+    """F1: `demo --force` refuses an OUT (or a part of it, e.g. OUT/run) holding files it did not write,
+    and an OUT holding its --samples; nothing changes."""
+    import shutil
+
+    nested = tmp_path / "nested"
+    (nested / "run").mkdir(parents=True)
+    (nested / "run" / "precious.txt").write_text("precious")
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "p.txt").write_text("precious")
+    own = tmp_path / "own"
+    shutil.copytree(REPO / "data_samples", own / "mine")
+    for out, samples, expected in ((nested, REPO / "data_samples", "did not write (in"),
+                                   (top, REPO / "data_samples", "did not write (p.txt)"),
+                                   (own, own / "mine", "did not write (mine)")):
+        before = tree_digest(out)
+        result = cli("demo", "--out", out, "--samples", samples, "--force", "-q", "--set", "train.epochs=1")
+        assert result.returncode == 2 and expected in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert tree_digest(out) == before

@@ -117,6 +117,7 @@ def _lock_named(path: Path) -> bool:
 
 
 def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
+    """SIGTERM mid-ingest exits 143 with the old dataset pair intact, and (F13) says so in one line."""
     from receipt_embed.ingest import ingest
 
     source = slow_source(tmp_path, 6)
@@ -140,6 +141,7 @@ def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
             break
         interrupted += 1
         assert child.returncode == 143 and "Traceback" not in err, err
+        assert err.strip() == f"stopped by SIGTERM: {out} left as it was", err  # F13: one line, not silence
         assert tree_digest(out) == before, f"SIGTERM after {delay}s changed the dataset dir"
         assert not list(tmp_path.glob(".ds.*")), "the staging dir and the lock go on SIGTERM"
     assert interrupted, "no SIGTERM landed while ingest was running; make the source slower"
@@ -214,3 +216,68 @@ def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_pa
     after = tree_digest(run)
     assert after != before and "checkpoints/last.pt" in after and len(after) == len(before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"], "the old run is gone once replaced"
+
+
+def test_a_full_disk_while_writing_the_lock_record_names_the_lock_file(small_disk):
+    """F11: ENOSPC writing the holder's record into the lock file is a DiskFull naming the lock file."""
+    from receipt_embed.fileio import DiskFull
+    from receipt_embed.locking import write_lock
+
+    with open(small_disk / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    with pytest.raises(DiskFull, match=rf"no space left on device writing {small_disk}/\.ds\.lock "):
+        with write_lock(small_disk / "ds"):
+            pass
+
+
+def test_a_full_disk_in_any_index_file_names_that_file(tmp_path, small_disk):
+    """F11: however little space is left, `index --force` on a full disk is the DiskFull line naming the
+    file (index.faiss, items.jsonl or embeddings.npy), never numpy's or FAISS's bare "7680 requested and
+    992 written"; the old index survives."""
+    small = write_embeddings(tmp_path, "small", 120, dim=64)
+    index = small_disk / "ix"
+    assert run_cli("index", "--embeddings", small[0], "--manifest", small[1], "--out", index, "-q").returncode == 0
+    before = tree_digest(index)
+    named = set()
+    for room_kb in (10, 30, 45, 50, 55, 60):
+        filler = small_disk / "filler"
+        filler.unlink(missing_ok=True)
+        info = os.statvfs(small_disk)
+        filler.write_bytes(b"\0" * max(0, info.f_bavail * info.f_frsize - room_kb * 1024))
+        result = run_cli("index", "--embeddings", small[0], "--manifest", small[1], "--out", index, "-q", "--force")
+        if result.returncode == 0:
+            break
+        assert result.returncode == 2 and "requested and" not in result.stderr, result.stderr
+        line = result.stderr.strip()
+        assert line.startswith(f"Error: no space left on device writing {index}/"), line
+        named.add(line.split(f"{index}/")[1].split(" ")[0])
+        assert tree_digest(index) == before
+    assert "embeddings.npy" in named, named
+
+
+def test_resume_after_a_killed_force_run_uses_the_restored_runs_data(tmp_path, trained):
+    """F12: a `train --force` killed before its first checkpoint left the old run aside and its own
+    data.json/config.yaml in place; the first `--resume` (no --data) restores the old run first and
+    resumes it on the old run's dataset, not the aborted run's."""
+    from receipt_embed.training.rundir import set_aside
+
+    dataset, run = trained[0], tmp_path / "run"
+    shutil.copytree(trained[1], run)
+    old_record = (run / "data.json").read_text()
+    set_aside(run)
+    other = tmp_path / "other_ds"
+    shutil.copytree(dataset, other)
+    with open(other / "manifest.jsonl", "a") as handle:
+        handle.write("\n")
+    (run / "data.json").write_text(json.dumps({"data_dir": str(other), "manifest_sha256": "0" * 64}))
+    shutil.copy(trained[1] / "config.yaml", run / "config.yaml")
+    result = run_cli("train", "--out", run, "--resume", "-q", "--set", "train.epochs=2")
+    assert result.returncode == 0, result.stderr
+    assert "restored the run in" in result.stderr and "manifest differs" not in result.stderr
+    assert (run / "data.json").read_text() == old_record
+    assert not list(tmp_path.glob(".run.old-*"))

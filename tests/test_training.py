@@ -283,3 +283,21 @@ def test_fresh_run_rewrites_data_json_and_a_missing_dataset_is_named(dataset, tm
     with pytest.raises(CheckpointError, match=rf"{copy} holds no manifest.jsonl \(moved or deleted\?\)"):
         train(load_config(overrides=[*TINY, "train.epochs=2"]), copy, run, builtin_registry(), resume=True,
               progress=False, log=lambda m: None)
+
+
+def test_resume_on_a_changed_manifest_does_not_advise_the_same_path(tmp_path):
+    """F12: when the dataset dir given is the one the run recorded but its manifest changed, the advice
+    is not the circular "resume with --data <the path it refused>"."""
+    from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.training.trainer import check_same_dataset, dataset_record
+
+    data = tmp_path / "ds"
+    data.mkdir()
+    (data / "manifest.jsonl").write_text('{"path": "a.jpg"}\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "data.json").write_text(json.dumps({"data_dir": str(data.resolve()), "manifest_sha256": "0" * 64}))
+    with pytest.raises(CheckpointError) as caught:
+        check_same_dataset(run, dataset_record(data))
+    message = str(caught.value)
+    assert f"the manifest of {data.resolve()} changed" in message and "--data" not in message, message

@@ -6,7 +6,10 @@ Each subcommand lives in its own module and is imported only when it runs, so
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
+import sys
 import warnings
 
 import click
@@ -34,8 +37,59 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class StdoutFailed(Exception):
+    """Writing to standard output failed (a full disk, an I/O error): not an input error of a command,
+    so no command's ``except OSError`` turns it into one."""
+
+    def __init__(self, error: OSError):
+        super().__init__(f"cannot write to standard output: {error.strerror or error}")
+
+
+class _GuardedStdout:
+    """Standard output whose write errors are told apart from those of the files a command writes;
+    a closed pipe (EPIPE) stays an OSError, which click already handles."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        return self._guarded(self._stream.write, text)
+
+    def flush(self):
+        return self._guarded(self._stream.flush)
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise
+            raise StdoutFailed(exc) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported on first use."""
+
+    def main(self, *args, **kwargs):
+        """Run the command; a failed write to standard output, also when it is flushed at exit, is one
+        line and exit code 2, never a traceback."""
+        if sys.stdout is not None and not isinstance(sys.stdout, _GuardedStdout):
+            sys.stdout = _GuardedStdout(sys.stdout)
+        try:
+            try:
+                return super().main(*args, **kwargs)
+            finally:
+                sys.stdout.flush()
+        except StdoutFailed as exc:
+            try:  # what is still buffered would fail again at interpreter exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(2)
 
     def list_commands(self, ctx):
         return sorted(COMMANDS)

@@ -73,12 +73,52 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
     out = Path(out_dir)
     try:
         with write_lock(out):
+            check_demo_out(out, samples)
             if (out / "run" / "checkpoints" / "last.pt").exists() and not force:
                 raise InputError(f"{out} already holds a demo run; pass --force to replace it, remove it or pass "
                                  "another --out")
             _run_demo(config, registry, out, samples, quiet)
     except (OSError, ValueError) as exc:  # a second writer, a full disk, a part of OUT that is not ours
         raise InputError(str(exc)) from None
+
+
+DEMO_PARTS = {"samples": None, "dataset": "dataset", "run": "run", "index": "index", "audit": "audit",
+              "heldout_retrieval.json": None}
+
+
+def check_demo_out(out: Path, samples) -> None:
+    """Refuse (even with --force) an OUT the demo did not write, or one holding the --samples it reads:
+    each part of OUT is replaced, so each must be the demo's own (a run dir may hold its plugins' files)."""
+    from receipt_embed.outdir import _ours_hidden, dir_kind
+    from receipt_embed.training.rundir import is_run_dir
+
+    foreign = f"{out} holds files that receipt-embed did not write"
+    never = "it is never replaced (not even with --force): choose another --out"
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise InputError(f"{out} is not a folder; {never}")
+    if not out.exists():
+        return
+    extra = sorted(e.name for e in out.iterdir() if not _ours_hidden(e.name) and e.name not in DEMO_PARTS)
+    if extra:
+        shown = ", ".join(extra[:3]) + (", ..." if len(extra) > 3 else "")
+        raise InputError(f"{foreign} ({shown}), not a demo run; {never}")
+    for name, kind in DEMO_PARTS.items():
+        part = out / name
+        if kind == "run":
+            ours = is_run_dir(part)
+        elif kind is not None:
+            ours = dir_kind(part) in (None, kind)
+        else:
+            ours = not part.is_symlink() and (not part.exists() or part.is_file() if name.endswith(".json")
+                                                else not part.exists() or part.is_dir())
+        if not ours:
+            raise InputError(f"{foreign} (in {part}), not a demo run; {never}")
+    if samples is not None:
+        given, target = Path(samples).resolve(), out.resolve()
+        if given.is_relative_to(target) and not given.is_relative_to(target / "samples"):
+            where = "is" if given == target else "holds"
+            raise InputError(f"--out {out} {where} the samples folder {samples} this command reads; writing there "
+                             "would destroy its own input: choose another --out")
 
 
 def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:

@@ -39,8 +39,9 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.option("--all-pairs", is_flag=True, help="Every pair of indexed items at or above --threshold (no IMAGEs).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="With --all-pairs: CSV to write the pairs to ('-' for standard output).")
+@click.option("--force", is_flag=True, help="With --all-pairs --out FILE: replace an existing FILE.")
 @click.pass_context
-def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs, out_file):
+def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs, out_file, force):
     """Find the indexed captures nearest to each IMAGE, or (--all-pairs) every near-duplicate pair.
 
     \b
@@ -63,9 +64,12 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
     else:
         if not images:
             raise InputError("give one or more IMAGE files to search for (or --all-pairs)")
-        if out_file is not None:
-            raise InputError("--out is for --all-pairs; image queries print to standard output (--json for JSON)")
+        if out_file is not None or force:
+            raise InputError(f"{'--out' if out_file is not None else '--force'} is for --all-pairs; image queries "
+                             "print to standard output (--json for JSON)")
     try:
+        if all_pairs:
+            check_pairs_out(out_file, index_dir, force)
         loaded_index = load_index_dir(index_dir)
         if all_pairs:
             _all_pairs(loaded_index, threshold, out_file)
@@ -80,6 +84,31 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
         _print_results(results, threshold)
 
 
+def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
+    """The pairs CSV replaces an existing file only with --force, and never goes into the index dir."""
+    from pathlib import Path
+
+    if out_file == "-":
+        return
+    out, index = Path(out_file).resolve(), Path(index_dir).resolve()
+    if out == index or out.is_relative_to(index):
+        raise InputError(f"--out {out_file} is inside the index dir {index_dir} this command reads; writing there "
+                         "would change the index dir: choose another --out")
+    if Path(out_file).exists() or Path(out_file).is_symlink():
+        if not Path(out_file).is_file():
+            raise InputError(f"--out {out_file} exists and is not a regular file: choose another --out")
+        if not force:
+            raise InputError(f"--out {out_file} already exists; pass --force to replace it, or choose another --out")
+
+
+def terminal_safe(row, on_terminal: bool):
+    """A CSV row as written: byte-exact to a file or a pipe; on a terminal, text values are escaped
+    (``display.printable``) so a receipt id cannot move the cursor or print a line of its own."""
+    if not on_terminal:
+        return row
+    return tuple(printable(value) if isinstance(value, str) else value for value in row)
+
+
 def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
     from receipt_embed.fileio import atomic_open
     from receipt_embed.indexing.search import PAIR_COLUMNS, all_pairs, pair_rows
@@ -87,15 +116,15 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
     a, b, sims = all_pairs(index_dir.embeddings, threshold)
     counts = {"true": 0, "false": 0, "": 0}
 
-    def write(handle):
+    def write(handle, on_terminal=False):
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(PAIR_COLUMNS)
         for row in pair_rows(index_dir, a, b, sims):
-            writer.writerow(row)
+            writer.writerow(terminal_safe(row, on_terminal))
             counts[row[3]] += 1
 
     if out_file == "-":
-        write(sys.stdout)
+        write(sys.stdout, on_terminal=sys.stdout.isatty())
     else:
         with atomic_open(out_file, "w") as handle:
             write(handle)

@@ -27,12 +27,26 @@ def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, 
     return target
 
 
+def settle_interrupted(out_dir) -> None:
+    """Give back the run an interrupted ``train --force`` set aside before --resume reads the run's
+    data.json and config.yaml (else it reads those of the run that never wrote a checkpoint)."""
+    from receipt_embed.locking import write_lock
+    from receipt_embed.training.rundir import leftovers_of, settle_leftovers
+
+    if leftovers_of(out_dir):
+        with write_lock(out_dir):
+            settle_leftovers(out_dir, log=lambda message: click.echo(f"Warning: {message}", err=True))
+
+
 def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int, force: bool = False) -> None:
     """Checks made once, before launching N processes (so a mistake is one line, exit 2)."""
     from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
     from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
+    from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
     from receipt_embed.training.trainer import LAST
 
+    check_run_out(out)
+    refuse_dataset_inside(out, data_dir)
     identities = len(select_split(load_dataset_dir(data_dir), "train").identities)
     batch = min(config.train.batch_size, identities)
     if batch % nproc:
@@ -129,6 +143,14 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    from receipt_embed.training.rundir import check_run_out
+
+    try:
+        check_run_out(out_dir, sweep=sweep is not None)  # before its config.yaml or data.json is read
+        if resume and int(os.environ.get("RANK", "0")) == 0:
+            settle_interrupted(out_dir)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     if resume and data_dir is None:
         from receipt_embed.training.checkpoint import CheckpointError
         from receipt_embed.training.trainer import recorded_data_dir
@@ -204,6 +226,10 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     log = lambda message: click.echo(message, err=True)  # noqa: E731
 
     try:
+        from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
+
+        check_run_out(out, sweep=sweep is not None)  # before anything is written into it
+        refuse_dataset_inside(out, data_dir)
         data = ensure_dataset(data_dir, out, config, progress, log)
         if sweep is not None:
             if resume:

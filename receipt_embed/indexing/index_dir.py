@@ -65,9 +65,37 @@ def _write_faiss(index, path: Path) -> None:
     import faiss
 
     with atomic_open(path, "wb") as handle:
-        writer = faiss.PyCallbackIOWriter(handle.write)
-        faiss.write_index(index, writer)
-        del writer  # flushes FAISS's buffer into the handle
+        failures: list[OSError] = []
+
+        def write(data):
+            try:
+                return handle.write(data)
+            except OSError as exc:  # FAISS reports only "py err"; keep the real error
+                failures.append(exc)
+                raise
+
+        try:
+            writer = faiss.PyCallbackIOWriter(write)
+            faiss.write_index(index, writer)
+            del writer  # flushes FAISS's buffer into the handle
+        except RuntimeError:
+            if failures:  # a full disk becomes atomic_open's DiskFull naming index.faiss
+                raise failures[0] from None
+            raise
+
+
+class _PythonWrites:
+    """A file object numpy writes to with ``write()`` instead of C ``fwrite``: its ``tofile`` reports a
+    full disk as a bare "7680 requested and 992 written"; a Python write raises ENOSPC (a DiskFull)."""
+
+    def __init__(self, handle):
+        self.write = handle.write
+
+
+def save_npy(path: Path, vectors: np.ndarray) -> None:
+    """``path`` (float32 .npy) written atomically; a full disk is a DiskFull naming it."""
+    with atomic_open(path, "wb") as handle:
+        np.save(_PythonWrites(handle), np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
 
 
 def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
@@ -89,8 +117,7 @@ def _write_index_files(out: Path, built, embeddings: np.ndarray, items: list[dic
                        features: str | None) -> dict:
     _write_faiss(built.index, out / INDEX_FILE)
     atomic_write_jsonl(out / ITEMS_FILE, items)
-    with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:
-        np.save(handle, np.ascontiguousarray(embeddings, dtype=np.float32), allow_pickle=False)
+    save_npy(out / EMBEDDINGS_FILE, embeddings)
     files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
              for name in (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE)}
     meta = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
 from receipt_embed.indexing.contents import check_embeddings, check_items, check_shard_meta
 from receipt_embed.indexing.index_dir import MAX_META_BYTES, IndexDirError, sha256_file
 from receipt_embed.npyfile import load_npy
@@ -49,8 +49,9 @@ def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: d
 
 
 def _write_shard_files(out: Path, vectors: np.ndarray, items: list[dict], meta: dict) -> dict:
-    with atomic_open(out / EMBEDDINGS_FILE, "wb") as handle:
-        np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
+    from receipt_embed.indexing.index_dir import save_npy
+
+    save_npy(out / EMBEDDINGS_FILE, vectors)
     atomic_write_jsonl(out / ITEMS_FILE, items)
     meta = {**meta, "count": len(items), "dim": int(vectors.shape[1]),
             "files": {name: sha256_file(out / name) for name in (EMBEDDINGS_FILE, ITEMS_FILE)}}

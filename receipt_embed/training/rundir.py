@@ -34,6 +34,11 @@ def _aside_dirs(run_dir: Path) -> list[Path]:
     return sorted(p for p in run_dir.parent.iterdir() if p.name.startswith(prefix) and p.is_dir())
 
 
+def leftovers_of(run_dir: str | os.PathLike) -> list[Path]:
+    """The old runs interrupted ``train --force`` writers left beside ``run_dir``."""
+    return _aside_dirs(Path(os.path.abspath(run_dir)))
+
+
 def set_aside(run_dir: str | os.PathLike) -> Path | None:
     """Move the run's files (all but ``dataset/``) into a sibling; returns it (None when there were none).
 
@@ -112,3 +117,125 @@ class Replacement:
         if self.aside is not None:
             restore(self.run_dir, self.aside)
             self.aside = None
+
+
+# what a run writes at its top level (plugins may add files, but only a run with a checkpoint is known to be ours)
+RUN_FILES = {"config.yaml", "data.json", "metrics.jsonl", "checkpoints", KEPT}
+SWEEP_FILES = {"sweep.json", KEPT}
+FOREIGN = ("holds files that receipt-embed did not write, not a run dir; it is never replaced or written into "
+           "(not even with --force): choose another --out")
+
+
+def _entries(path: Path) -> set[str]:
+    from receipt_embed.outdir import _ours_hidden
+
+    return {entry.name for entry in path.iterdir() if not _ours_hidden(entry.name)}
+
+
+def _is_data_record(path: Path) -> bool:
+    """A ``data.json`` as a run writes it (a user's own data.json is not taken for one)."""
+    import json
+
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and set(record) == {"data_dir", "manifest_sha256"}
+
+
+def is_run_dir(run_dir: str | os.PathLike) -> bool:
+    """True for a dir ``train`` may write into: absent, empty, a run with ``checkpoints/last.pt``
+    (whatever its plugins added), a run stopped before its first checkpoint (its ``data.json`` and
+    nothing but a run's files), or just the samples ``train`` ingested into ``dataset/``."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists() and not run_dir.is_symlink():
+        return True
+    if run_dir.is_symlink() or not run_dir.is_dir():
+        return False
+    if (run_dir / LAST_CHECKPOINT).is_file():
+        return True
+    entries = _entries(run_dir)
+    if not entries <= RUN_FILES:
+        return False
+    if entries - {KEPT} and not _is_data_record(run_dir / "data.json"):
+        return False
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.exists() and (not checkpoints.is_dir() or any(not n.endswith(".pt") for n in _entries(checkpoints))):
+        return False
+    return KEPT not in entries or _is_our_dataset(run_dir / KEPT)
+
+
+def _is_our_dataset(path: Path) -> bool:
+    from receipt_embed.outdir import dir_kind
+
+    return dir_kind(path) in (None, "dataset")
+
+
+def is_sweep_dir(out: str | os.PathLike) -> bool:
+    """True for a dir ``train --sweep`` may write into: absent, empty, or its sweep.json, dataset/ and
+    KEY=VALUE run dirs (each of them is checked as a run dir when it is trained)."""
+    out = Path(out)
+    if not out.exists() and not out.is_symlink():
+        return True
+    if out.is_symlink() or not out.is_dir():
+        return False
+    for name in _entries(out):
+        if name in SWEEP_FILES:
+            continue
+        if "=" not in name or not (out / name).is_dir():
+            return False
+    return KEPT not in _entries(out) or _is_our_dataset(out / KEPT)
+
+
+def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
+    """Refuse a ``train --out`` (fresh, ``--force`` or ``--resume``) that receipt-embed did not write."""
+    if is_sweep_dir(run_dir) if sweep else is_run_dir(run_dir):
+        return
+    if Path(run_dir).is_dir() and not Path(run_dir).is_symlink():
+        raise ValueError(f"{run_dir} {FOREIGN}")
+    raise ValueError(f"{run_dir} is not a folder (a file or a link), not a run dir; it is never replaced or written "
+                     "into (not even with --force): choose another --out")
+
+
+def dataset_sources(data_dir: str | os.PathLike) -> list[Path]:
+    """What reading dataset ``data_dir`` reads: the dir, its ingest source folder and its captures."""
+    import json
+
+    data_dir = Path(data_dir)
+    sources = [data_dir]
+    try:
+        report = json.loads((data_dir / "ingest_report.json").read_text(encoding="utf-8"))
+        source = Path(report["source"]) if isinstance(report, dict) and isinstance(report.get("source"), str) else None
+    except (OSError, ValueError, KeyError):
+        source = None
+    if source is not None:
+        sources.append(source.parent if source.suffix.lower() in (".csv", ".jsonl") else source)
+    try:
+        with open(data_dir / "manifest.jsonl", encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    path = json.loads(line).get("path")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(path, str) and path:
+                    sources.append(Path(path))
+    except (OSError, UnicodeDecodeError):
+        pass
+    return sources
+
+
+def refuse_dataset_inside(out: str | os.PathLike, data_dir: str | os.PathLike | None, role: str = "dataset") -> None:
+    """Refuse an ``out`` that is or holds the dataset a run reads, its source folder or its captures
+    (the run's own ``OUT/dataset``, ingested by ``train`` itself, excepted)."""
+    if data_dir is None:
+        return
+    target = Path(os.path.abspath(out)).resolve()
+    data = Path(os.path.abspath(data_dir)).resolve()
+    if data == target / KEPT:
+        return
+    for source in dataset_sources(data_dir):
+        resolved = Path(os.path.abspath(source)).resolve()
+        if resolved == target or resolved.is_relative_to(target):
+            what = ("is" if resolved == target else "holds") + (f" the {role} {data_dir}" if source == Path(data_dir)
+                                                                  else f" {source}, read by the {role} {data_dir}")
+            raise ValueError(f"--out {out} {what}; training there would destroy its own input: choose another --out")

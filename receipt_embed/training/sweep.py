@@ -30,7 +30,11 @@ def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, pr
     writer lock, then OUT/sweep.json."""
     from receipt_embed.locking import write_lock
 
+    from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
+
     with write_lock(out_dir):
+        check_run_out(out_dir, sweep=True)
+        refuse_dataset_inside(out_dir, data_dir)
         return _run_sweep(spec, config_file, overrides, data_dir, out_dir, registry, progress, log, plugins_dir, force)
 
 

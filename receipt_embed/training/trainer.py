@@ -118,6 +118,10 @@ def check_same_dataset(run_dir, record: dict) -> None:
         raise CheckpointError(f"cannot resume {run_dir}: {record['data_dir']} holds no manifest.jsonl (moved or "
                               "deleted?); pass --data with the dataset dir the run was trained on")
     if saved.get("manifest_sha256") and record["manifest_sha256"] != saved["manifest_sha256"]:
+        if Path(record["data_dir"]) == Path(saved["data_dir"]):  # the same dir, re-ingested or edited since
+            raise CheckpointError(f"cannot resume {run_dir}: the manifest of {record['data_dir']} changed since the "
+                                  f"run was trained on it (its sha256 is not the one in {Path(run_dir) / DATA_FILE}); "
+                                  "resume on the dataset as it was, or start a new run with --force")
         raise CheckpointError(f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
                               f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}")
 
@@ -643,17 +647,20 @@ def train(config: Config, data_dir, run_dir, registry, resume: bool = False, pro
     main = int(os.environ.get("RANK", "0")) == 0
     with write_lock(run_dir) if main else nullcontext():
         if main:
-            refuse_other_kinds(run_dir)
+            refuse_other_kinds(run_dir, data_dir)
             settle_leftovers(run_dir, log=None)
         trainer = Trainer(config, data_dir, run_dir, registry, resume=resume, progress=progress, log=log, force=force)
         return trainer.run()
 
 
-def refuse_other_kinds(run_dir) -> None:
-    """A dataset, index, shard or report dir is never turned into a run dir."""
+def refuse_other_kinds(run_dir, data_dir=None) -> None:
+    """A dataset, index, shard or report dir, a user's folder, or one holding the data the run reads, is
+    never turned into a run dir."""
     from receipt_embed.outdir import WHAT, dir_kind
+    from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
 
     kind = dir_kind(run_dir)
     if kind in ("dataset", "index", "shard", "audit"):
         raise ValueError(f"{run_dir} holds {WHAT[kind]}, not a run; train into another --out")
-
+    check_run_out(run_dir)
+    refuse_dataset_inside(run_dir, data_dir)

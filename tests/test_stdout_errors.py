@@ -1,0 +1,41 @@
+"""A failed write to standard output is one line and exit code 2, also when it happens as the output
+is flushed at exit; a closed pipe is still click's quiet exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def run_to(stdout, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    return subprocess.run([sys.executable, "-m", "receipt_embed", *map(str, args)], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [("config",), ("--help",), ("ingest", REPO / "data_samples", "--out", "{tmp}/ds")])
+def test_a_full_standard_output_is_one_line_exit_2(tmp_path, args):
+    """F10: `... > /dev/full` (ENOSPC on stdout) is "cannot write to standard output: No space left on
+    device", exit 2, no traceback; the command's own files are still complete."""
+    args = [str(a).replace("{tmp}", str(tmp_path)) for a in args]
+    with open("/dev/full", "w") as full:
+        result = run_to(full, *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "Error: cannot write to standard output: No space left on device", result.stderr
+    if "ingest" in args:
+        assert (tmp_path / "ds" / "manifest.jsonl").is_file()
+
+
+def test_a_closed_pipe_is_still_quiet(tmp_path):
+    """F10: EPIPE stays click's: no traceback, no 'cannot write' line."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    with os.fdopen(writer, "w") as closed:
+        result = run_to(closed, "--help")
+    assert "Traceback" not in result.stderr and "cannot write" not in result.stderr

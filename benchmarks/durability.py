@@ -21,6 +21,7 @@ import json
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -79,11 +80,14 @@ def capture_cache(work: Path, captures: int, repeat: int) -> dict:
     size = (160, 80)
     settings = load_config().ingest
 
-    def plain():
-        for row in rows:
-            with Image.open(row["path"]) as image:
-                image.draft("RGB", (max(size), max(size)))
-                np.asarray(image.convert("RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR))
+    def decode(path):
+        with Image.open(path) as image:
+            image.draft("RGB", (max(size), max(size)))
+            return np.asarray(image.convert("RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR))
+
+    def plain():  # the same two decoding threads as the cache
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(decode, [row["path"] for row in rows]))
 
     def safe():
         cache_captures(subset, size, settings)

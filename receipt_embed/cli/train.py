@@ -159,7 +159,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
             data_dir = recorded_data_dir(out_dir)  # the run's own dataset, not the bundled samples
         except CheckpointError as exc:
             raise InputError(str(exc)) from None
-        if data_dir is None and (Path(out_dir) / "config.yaml").is_file():
+        if data_dir is None and os.path.lexists(Path(out_dir) / "config.yaml"):
             raise InputError(f"{out_dir} does not record its dataset (an older run): resume with --data DATASET_DIR")
     if nproc > 1 or world > 1:
         if data_dir is None:
@@ -167,7 +167,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
         if sweep is not None:
             raise InputError("--sweep runs one process per value; it cannot be combined with --nproc")
     saved = Path(out_dir) / "config.yaml"
-    from_run_dir = resume and config_file is None and saved.is_file()
+    from_run_dir = resume and config_file is None and os.path.lexists(saved)  # a FIFO is refused by name when read
     if from_run_dir:
         config_file = str(saved)  # the run's own settings; --set still applies on top
     config = resolve_config(config_file, overrides)

@@ -446,3 +446,16 @@ def test_all_pairs_on_a_terminal_escapes_control_characters(tmp_path):
     os.close(leader)
     assert child.wait(timeout=120) == 0
     assert b"\x1b" not in shown and b"\x07" not in shown and b"\\x1b[2K\\rDUPLICATE" in shown
+
+
+def test_all_pairs_csv_keeps_a_carriage_return_inside_its_field(tmp_path):
+    """N15: a receipt id holding a bare CR is quoted in pairs.csv, so every CSV reader sees one row per pair."""
+    evil = "r0\rDUPLICATE of receipt EVIL"
+    index = _pairs_index(tmp_path, [evil, "r1"])
+    result = run_cli("search", index, "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "pairs.csv")
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "pairs.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    assert len(rows) == 1 + 4 and rows[0][0] == "row_a"  # four same-vector pairs
+    assert {rows[i][col] for i in range(1, 5) for col in (4, 5)} == {evil, "r1"}
+    assert (tmp_path / "pairs.csv").read_text(encoding="utf-8", newline="").count("\n") == 5

@@ -322,3 +322,31 @@ def test_checkpoint_with_non_finite_weights_is_named(trained, tmp_path):
     torch.save(state, tmp_path / "bad.pt")
     with pytest.raises(CheckpointError, match=f"bad.pt: model.{name} holds NaN or Inf"):
         load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_non_regular_data_record_on_resume_is_one_line(trained, tmp_path):
+    """F4: `train --resume` without --data on a run whose data.json is a FIFO exits 2 naming it (no traceback)."""
+    run = _copy_run(trained, tmp_path)
+    (run / "data.json").unlink()
+    os.mkfifo(run / "data.json")
+    result = run_cli("train", "--out", run, "--resume", "--set", "train.epochs=2", "-q", timeout=HANG)
+    assert result.returncode == 2, result.stderr
+    assert "data.json" in result.stderr and "FIFO" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_train_on_a_dataset_with_a_fifo_file_does_not_hang(trained, tmp_path):
+    """F12/N1: `train --data D` whose manifest.jsonl is a FIFO exits at once naming it, and the
+    own-input check reads a FIFO ingest_report.json as nothing rather than blocking on it."""
+    from receipt_embed.training.rundir import dataset_sources
+
+    data = tmp_path / "ds"
+    shutil.copytree(trained[0], data)
+    (data / "ingest_report.json").unlink()
+    os.mkfifo(data / "ingest_report.json")
+    assert len(dataset_sources(data)) > 1  # the captures still count; the FIFO was not opened
+    (data / "manifest.jsonl").unlink()
+    os.mkfifo(data / "manifest.jsonl")
+    result = run_cli("train", "--data", data, "--out", tmp_path / "run", "--set", "train.epochs=1", "-q",
+                     timeout=HANG)
+    assert result.returncode == 2, result.stderr
+    assert "manifest.jsonl" in result.stderr and "FIFO" in result.stderr and "Traceback" not in result.stderr

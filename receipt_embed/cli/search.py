@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import sys
 
@@ -109,6 +110,23 @@ def terminal_safe(row, on_terminal: bool):
     return tuple(printable(value) if isinstance(value, str) else value for value in row)
 
 
+class _NewlineRows:
+    """CSV rows ending in a bare newline in which a field holding a carriage return is quoted too:
+    the csv module quotes only the characters of its line terminator, and a bare CR in an
+    unquoted field would split the row for every CSV reader."""
+
+    def __init__(self, handle):
+        self.handle, self.buffer = handle, io.StringIO()
+        self.writer = csv.writer(self.buffer, lineterminator="\r\n")
+
+    def writerow(self, row) -> None:
+        self.writer.writerow(row)
+        line = self.buffer.getvalue()
+        self.buffer.seek(0)
+        self.buffer.truncate()
+        self.handle.write(line[:-2] + "\n")
+
+
 def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
     from receipt_embed.fileio import atomic_open
     from receipt_embed.indexing.search import PAIR_COLUMNS, all_pairs, pair_rows
@@ -117,7 +135,7 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
     counts = {"true": 0, "false": 0, "": 0}
 
     def write(handle, on_terminal=False):
-        writer = csv.writer(handle, lineterminator="\n")
+        writer = _NewlineRows(handle)
         writer.writerow(PAIR_COLUMNS)
         for row in pair_rows(index_dir, a, b, sims):
             writer.writerow(terminal_safe(row, on_terminal))

@@ -157,7 +157,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
 
         try:
             data_dir = recorded_data_dir(out_dir)  # the run's own dataset, not the bundled samples
-        except CheckpointError as exc:
+        except (CheckpointError, ValueError) as exc:  # ValueError: data.json is not a regular file
             raise InputError(str(exc)) from None
         if data_dir is None and os.path.lexists(Path(out_dir) / "config.yaml"):
             raise InputError(f"{out_dir} does not record its dataset (an older run): resume with --data DATASET_DIR")

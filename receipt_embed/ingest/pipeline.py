@@ -109,7 +109,7 @@ def _invalid_value(fields: dict) -> str | None:
             return f"{column} is {value}, expected a string or a finite number"
         # a NUL byte in a path stays `unresolvable_path` (the OS cannot name such a file)
         if isinstance(value, str) and _CONTROL.search(value.replace("\0", "") if column == "path" else value):
-            return f"{column} {value!r:.60} holds a control character"
+            return f"{column} {value[:60]} holds a control character"  # printed escaped (display.printable)
     return None
 
 

@@ -201,26 +201,30 @@ def dataset_sources(data_dir: str | os.PathLike) -> list[Path]:
     """What reading dataset ``data_dir`` reads: the dir, its ingest source folder and its captures."""
     import json
 
+    from receipt_embed.userfiles import read_regular_text
+
     data_dir = Path(data_dir)
     sources = [data_dir]
+    # only regular files, capped: a FIFO or a device here must not hang or flood this check
+    # (loading the dataset afterwards names such a file as the error)
     try:
-        report = json.loads((data_dir / "ingest_report.json").read_text(encoding="utf-8"))
+        report = json.loads(read_regular_text(data_dir / "ingest_report.json", 16 * 1024 * 1024))
         source = Path(report["source"]) if isinstance(report, dict) and isinstance(report.get("source"), str) else None
     except (OSError, ValueError, KeyError):
         source = None
     if source is not None:
         sources.append(source.parent if source.suffix.lower() in (".csv", ".jsonl") else source)
     try:
-        with open(data_dir / "manifest.jsonl", encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    path = json.loads(line).get("path")
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(path, str) and path:
-                    sources.append(Path(path))
-    except (OSError, UnicodeDecodeError):
-        pass
+        lines = read_regular_text(data_dir / "manifest.jsonl", 256 * 1024 * 1024).splitlines()
+    except (OSError, ValueError):
+        lines = []
+    for line in lines:
+        try:
+            path = json.loads(line).get("path")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(path, str) and path:
+            sources.append(Path(path))
     return sources
 
 

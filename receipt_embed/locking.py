@@ -42,6 +42,9 @@ class StoppedBySignal(SystemExit):
     reported = False  # the innermost lock it unwinds says so in one line
 
 
+_received: list[int] = []  # exit codes of the stop signals this process received while holding a lock
+
+
 class UnusableLockFile(ValueError):
     """The lock file is a link, FIFO, device or folder (or has other names): never written through."""
 
@@ -170,12 +173,21 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
             with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
                 _write_holder(fd, path, record)
                 yield path
-        except StoppedBySignal as stop:
+        except BaseException as exc:
+            # the signal's exception may reach here as another one (raised inside an import or C
+            # extension that wraps what it catches): a signal received means a stop all the same
+            stop = exc if isinstance(exc, StoppedBySignal) else None
+            if stop is None and _received:
+                stop = StoppedBySignal(_received[-1])
+            if stop is None:
+                raise
             if not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
                 stop.reported = True
                 name = signal.Signals(stop.code - 128).name if isinstance(stop.code, int) else "a signal"
                 print(f"stopped by {name}: {out} left as it was", file=sys.stderr, flush=True)
-            raise
+            if stop is exc:
+                raise
+            raise stop from None
         finally:
             del _held[key]
             path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
@@ -192,8 +204,10 @@ def _sigterm_unwinds() -> Iterator[None]:
         return
 
     def stop(signum, frame):
+        _received.append(128 + signum)
         raise StoppedBySignal(128 + signum)
 
+    _received.clear()
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield

@@ -90,8 +90,38 @@ def _ours_hidden(name: str) -> bool:
                                      or name.endswith(".tmp"))
 
 
+# dirs written whole: nothing else may be written inside one, or replacing it would be refused
+# (or, for a nested dir of ours, lost); an index dir's own audit/ report dir is the one exception
+WHOLE = ("dataset", "index", "shard", "audit")
+NESTED_OK = {("index", "audit")}
+
+
+def enclosing_dir(out: str | os.PathLike) -> tuple[Path, str] | None:
+    """The nearest folder above ``out`` that is a dataset, index, shard or audit dir of ours, and its kind."""
+    out = Path(os.path.abspath(out))
+    for parent in [*out.parents, *Path(out).resolve().parents]:
+        for kind in WHOLE:
+            if all((parent / name).is_file() for name in MARKERS[kind]):
+                return parent, kind
+    return None
+
+
+def refuse_nested(out: str | os.PathLike, kind: str) -> None:
+    """Refuse an ``out`` inside a dir that receipt-embed writes whole (``DATASET/run``, ``INDEX/idx``)."""
+    found = enclosing_dir(out)
+    if found is None:
+        return
+    parent, parent_kind = found
+    if (parent_kind, kind) in NESTED_OK and Path(os.path.abspath(out)).parent == parent:
+        return
+    raise ValueError(f"--out {out} is inside {WHAT[parent_kind]} ({parent}); that dir is replaced whole by the "
+                     f"command that wrote it, so {WHAT[kind]} must not be written inside it: choose another --out")
+
+
 def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
-    """Refuse to write ``kind`` into ``out`` unless it is absent, empty, or ours of that kind with ``force``."""
+    """Refuse to write ``kind`` into ``out`` unless it is absent, empty, or ours of that kind with ``force``,
+    and never inside another dir that is replaced whole."""
+    refuse_nested(out, kind)
     found = dir_kind(out)
     if found is None:
         return
@@ -118,12 +148,36 @@ def refuse_own_input(out: str | os.PathLike, inputs: dict[str, str | os.PathLike
 
 
 def leftovers(out: str | os.PathLike) -> list[Path]:
-    """Staging and set-aside copies of ``out`` that a killed writer left beside it."""
+    """Staging and set-aside copies of ``out`` that a killed writer left beside it: only real
+    folders (not links) named ``.NAME.staging-PID`` / ``.NAME.old-PID`` for a PID no longer
+    running, holding nothing but a dir of ours; a user's folder that merely has such a name is
+    never touched."""
     out = Path(os.path.abspath(out))
     if not out.parent.is_dir():
         return []
     prefixes = (f".{out.name}.staging-", f".{out.name}.old-")
-    return sorted(p for p in out.parent.iterdir() if p.name.startswith(prefixes))
+    found = []
+    for path in out.parent.iterdir():
+        if not path.name.startswith(prefixes):
+            continue
+        pid = path.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or _pid_running(int(pid)) or path.is_symlink() or not path.is_dir():
+            continue
+        if dir_kind(path) in (None, *MARKERS):
+            found.append(path)
+    return sorted(found)
+
+
+def _pid_running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return True
 
 
 def clean_leftovers(out: str | os.PathLike, log=None) -> list[Path]:
@@ -132,18 +186,20 @@ def clean_leftovers(out: str | os.PathLike, log=None) -> list[Path]:
     out = Path(os.path.abspath(out))
     found = leftovers(out)
     restored = None
-    if not out.exists():
+    if not out.exists() and not out.is_symlink():
         old = [p for p in found if ".old-" in p.name]
         if old:
             restored = old[-1]
             os.rename(restored, out)
     removed = [p for p in found if p != restored]
     for path in removed:
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    if found:
-        note = f"; restored {out} from {restored.name}" if restored else ""
-        (log or warnings.warn)(f"removed {len(removed)} leftover(s) of an interrupted write beside {out} "
-                               f"({', '.join(p.name for p in removed) or 'none'}){note}")
+        shutil.rmtree(path, ignore_errors=True)
+    parts = [f"restored {out} from {restored.name}, set aside by an interrupted write"] if restored else []
+    if removed:
+        parts.append(f"removed {len(removed)} leftover(s) of an interrupted write beside {out} "
+                     f"({', '.join(p.name for p in removed)})")
+    if parts:
+        (log or warnings.warn)("; ".join(parts))
     return found
 
 

@@ -60,8 +60,9 @@ def test_a_second_train_into_one_run_dir_is_refused_naming_the_first(tmp_path):
         assert "wait for it to finish or stop it" in line
     finally:
         first.send_signal(signal.SIGTERM)  # stops it (saving last.pt if training had begun)
-        first.communicate(timeout=120)
-    assert first.returncode in (130, 143)  # stopped while training (checkpoint saved) or before it began
+        _, first_err = first.communicate(timeout=120)
+    # stopped while training (checkpoint saved) or before it began
+    assert first.returncode in (130, 143), (first.returncode, first_err)
     assert not (tmp_path / ".run.lock").exists(), "a writer stopped by SIGTERM removes its lock file"
 
 
@@ -164,3 +165,25 @@ def test_a_fifo_folder_or_hard_linked_lock_file_is_refused_by_name(tmp_path):
         with write_lock(out):
             pass
     assert other.read_text() == "mine"
+
+
+def test_sigterm_that_an_extension_turns_into_another_error_is_still_a_stop(tmp_path, capsys):
+    """SIGTERM landing inside code that wraps what it catches (seen: torch's C++ import of
+    torch.distributed answering `TypeError: expected a message argument`) still unwinds as a
+    stop: exit 143, the one line, the lock gone; an ordinary error stays what it was."""
+    from receipt_embed.locking import StoppedBySignal, write_lock
+
+    out = tmp_path / "ix"
+    with pytest.raises(StoppedBySignal) as stopped:
+        with write_lock(out):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except SystemExit:
+                raise TypeError("expected a message argument") from None
+    assert stopped.value.code == 143 and stopped.value.__cause__ is None
+    assert capsys.readouterr().err == f"stopped by SIGTERM: {out} left as it was\n"
+    assert not (tmp_path / ".ix.lock").exists() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with pytest.raises(TypeError, match="plain"), write_lock(out):
+        raise TypeError("plain")
+    assert capsys.readouterr().err == ""

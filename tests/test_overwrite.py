@@ -239,3 +239,81 @@ def test_demo_never_replaces_a_folder_it_did_not_write(cli, tmp_path):
         assert result.returncode == 2 and expected in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
         assert tree_digest(out) == before
+
+
+def test_nothing_is_written_inside_a_dir_that_is_replaced_whole(cli, tmp_path, dataset):
+    """A run, index or dataset inside a dataset or index dir would make that dir unreplaceable
+    (or be lost with it): refused by name; an index dir's own audit/ report dir is the exception."""
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    x, manifest = write_embeddings(tmp_path, "e", 12)
+    index = tmp_path / "ix"
+    assert cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    before = {ds: tree_digest(ds), index: tree_digest(index)}
+    attempts = [
+        (ds, ("train", "--data", dataset, "--out", ds / "run", "-q", "--set", "train.epochs=1")),
+        (ds, ("index", "--embeddings", x, "--manifest", manifest, "--out", ds / "idx", "-q")),
+        (index, ("ingest", REPO / "data_samples", "--out", index / "nested" / "ds", "-q")),
+        (index, ("index", "--embeddings", x, "--manifest", manifest, "--out", index / "audit" / "idx", "-q")),
+    ]
+    for parent, args in attempts:
+        result = cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert f"is inside {'a dataset dir' if parent == ds else 'an index dir'} ({parent})" in result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert {ds: tree_digest(ds), index: tree_digest(index)} == before
+    assert sorted(p.name for p in ds.iterdir()) == ["ingest_report.json", "manifest.jsonl"]
+    assert cli("ingest", REPO / "data_samples", "--out", ds, "-q", "--force").returncode == 0, "still replaceable"
+    report = cli("audit-shortcuts", index, "--out", index / "audit", "-q")
+    assert report.returncode == 0, report.stderr
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_only_our_own_leftovers_of_a_dead_writer_are_removed(tmp_path, recwarn):
+    """Folders that merely carry a staging or set-aside name (a user's, a link, a live writer's)
+    are never deleted, and nothing is reported for them on every later write."""
+    import os
+
+    from receipt_embed.outdir import clean_leftovers
+    from receipt_embed.training.rundir import leftovers_of, settle_leftovers
+
+    dead = _dead_pid()
+    out = tmp_path / "ix"
+    mine = tmp_path / f".ix.staging-{dead}"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("a user's own file")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / f".ix.old-{dead + 1}")
+    live = tmp_path / f".ix.staging-{os.getppid()}"
+    live.mkdir()
+    (live / "index.faiss").write_bytes(b"being written")
+    ours = tmp_path / f".ix.old-{dead}"
+    ours.mkdir()
+    (ours / "index.faiss").write_bytes(b"half")
+    for _ in range(2):
+        clean_leftovers(out)
+    messages = [str(w.message) for w in recwarn]
+    assert messages == [f"restored {out} from {ours.name}, set aside by an interrupted write"], messages
+    assert (out / "index.faiss").read_bytes() == b"half"
+    assert (mine / "thesis.tex").read_text() == "a user's own file" and (tmp_path / "elsewhere").is_dir()
+    assert (tmp_path / f".ix.old-{dead + 1}").is_symlink() and (live / "index.faiss").exists()
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"new")
+    users = tmp_path / f".run.old-{dead}"
+    users.mkdir()
+    (users / "photos").mkdir()
+    assert leftovers_of(run) == []
+    settle_leftovers(run)
+    assert (users / "photos").is_dir() and len(recwarn) == 1

@@ -159,7 +159,7 @@ def test_a_swap_cut_in_half_is_repaired_by_the_next_writer(tmp_path):
     os.rename(index, tmp_path / ".ix.old-99999")
     (tmp_path / ".ix.staging-99998").mkdir()
     (tmp_path / ".ix.staging-99998" / "index.faiss").write_bytes(b"half")
-    with pytest.warns(UserWarning, match=r"removed 1 leftover\(s\) .*\.ix\.staging-99998.*restored"):
+    with pytest.warns(UserWarning, match=r"restored .* from \.ix\.old-99999.*removed 1 leftover\(s\) .*\.ix\.staging-99998"):
         with pytest.raises(RuntimeError, match="stop"), replace_dir(index, "index", force=True) as staging:
             (staging / "index.json").write_text("{}")
             raise RuntimeError("stop")  # the new writer fails too: the restored old copy stays
@@ -205,7 +205,9 @@ def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"]
 
     # a --force run killed before its first checkpoint leaves the old run aside: the next writer restores it
-    set_aside(run)
+    from test_overwrite import _dead_pid
+
+    os.rename(set_aside(run), tmp_path / f".run.old-{_dead_pid()}")  # as a killed writer's would be
     (run / "config.yaml").write_text("the killed run's config")
     with pytest.warns(UserWarning, match=r"restored the run in .* from \.run\.old-"):
         settle_leftovers(run)
@@ -269,7 +271,9 @@ def test_resume_after_a_killed_force_run_uses_the_restored_runs_data(tmp_path, t
     dataset, run = trained[0], tmp_path / "run"
     shutil.copytree(trained[1], run)
     old_record = (run / "data.json").read_text()
-    set_aside(run)
+    from test_overwrite import _dead_pid
+
+    os.rename(set_aside(run), tmp_path / f".run.old-{_dead_pid()}")  # as a killed writer's would be
     other = tmp_path / "other_ds"
     shutil.copytree(dataset, other)
     with open(other / "manifest.jsonl", "a") as handle:

@@ -28,10 +28,24 @@ def run_entries(run_dir: Path) -> list[str]:
 
 
 def _aside_dirs(run_dir: Path) -> list[Path]:
+    """Siblings ``.NAME.old-PID`` a killed ``--force`` writer left: real folders (not links) of a PID
+    no longer running that hold a run's files; a user's folder with such a name is never touched."""
+    from receipt_embed.outdir import _pid_running
+
     if not run_dir.parent.is_dir():
         return []
     prefix = f".{run_dir.name}.old-"
-    return sorted(p for p in run_dir.parent.iterdir() if p.name.startswith(prefix) and p.is_dir())
+    found = []
+    for path in run_dir.parent.iterdir():
+        pid = path.name[len(prefix):]
+        if not path.name.startswith(prefix) or not pid.isdigit() or _pid_running(int(pid)):
+            continue
+        if path.is_symlink() or not path.is_dir():
+            continue
+        entries = {entry.name for entry in path.iterdir()}
+        if entries and ("checkpoints" in entries or entries <= RUN_FILES):
+            found.append(path)
+    return sorted(found)
 
 
 def leftovers_of(run_dir: str | os.PathLike) -> list[Path]:
@@ -188,7 +202,11 @@ def is_sweep_dir(out: str | os.PathLike) -> bool:
 
 
 def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
-    """Refuse a ``train --out`` (fresh, ``--force`` or ``--resume``) that receipt-embed did not write."""
+    """Refuse a ``train --out`` (fresh, ``--force`` or ``--resume``) that receipt-embed did not write,
+    or one inside a dataset, index, shard or audit dir (those are replaced whole)."""
+    from receipt_embed.outdir import refuse_nested
+
+    refuse_nested(run_dir, "run")
     if is_sweep_dir(run_dir) if sweep else is_run_dir(run_dir):
         return
     if Path(run_dir).is_dir() and not Path(run_dir).is_symlink():

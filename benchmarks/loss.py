@@ -341,7 +341,7 @@ def report(results: list[dict], sizes: list[int]) -> str:
     for n in sizes:
         a, s, m, mt = (by.get((name, n)) for name in ("ours_ntxent", "ours_supcon", "matmul", "matmul_tiles"))
         g = lambda r, key: f"{r[key]:.0f}" if ok(r) and key in r else "-"  # noqa: E731
-        frac = lambda r: f"{a['engine_gflops'] / r['gflops']:.2f}" if ok(a) and ok(r) else "-"  # noqa: E731
+        frac = lambda r, a=a: f"{a['engine_gflops'] / r['gflops']:.2f}" if ok(a) and ok(r) else "-"  # noqa: E731
         lines.append(f"| {n} | {g(a, 'engine_gflops')} | {g(s, 'engine_gflops')} | {g(m, 'gflops')} | {g(mt, 'gflops')} | {frac(m)} | {frac(mt)} |")
     return "\n".join(lines)
 

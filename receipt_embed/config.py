@@ -9,9 +9,10 @@ what each value must be.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import yaml
 from omegaconf import OmegaConf

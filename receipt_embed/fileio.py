@@ -12,9 +12,10 @@ import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any
 
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
 

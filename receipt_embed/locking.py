@@ -24,9 +24,9 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 HELD_LOCKS_ENV = "RECEIPT_EMBED_HELD_LOCKS"  # os.pathsep-separated lock files a parent process holds
 _held: dict[str, int] = {}  # lock file -> how many nested holds this process has on it

@@ -29,7 +29,9 @@ def _read_header(handle, path):
         if version in ((2, 0), (3, 0)):
             return npy_format.read_array_header_2_0(handle, max_header_size=10_000)
     except (ValueError, SyntaxError, EOFError) as exc:
-        raise BadNpyFile(f"{path}: not a readable .npy file ({str(exc).splitlines()[0] if str(exc) else 'bad header'})")
+        raise BadNpyFile(
+            f"{path}: not a readable .npy file ({str(exc).splitlines()[0] if str(exc) else 'bad header'})"
+        ) from None
     raise BadNpyFile(f"{path}: unsupported .npy format version {version}")
 
 

@@ -20,9 +20,9 @@ import errno
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
 from receipt_embed.locking import write_lock

@@ -11,8 +11,9 @@ import contextlib
 import difflib
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # component kind -> the hook that registers it
 KINDS: dict[str, str] = {
@@ -59,7 +60,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @contextlib.contextmanager
-def plugin_errors(registry: "Registry", kind: str, name: str, doing: str):
+def plugin_errors(registry: Registry, kind: str, name: str, doing: str):
     """Errors raised inside a third-party component become one line naming it and where in
     its code it failed (built-ins keep their tracebacks: a bug there is ours)."""
     component = registry.get(kind, name)

@@ -9,7 +9,6 @@ Exit code 0 with the JSON on stdout when the page loaded; 3 when no browser coul
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 

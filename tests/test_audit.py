@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_tiny
 from PIL import Image
 
-from conftest import train_tiny
 from receipt_embed.audit.figures import FlagRule, audit_figures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,6 +131,7 @@ def test_missing_attribute_is_named():
 def indexes(tmp_path_factory):
     """An index from a trained checkpoint and one from raw pixels, both of data_samples/."""
     from conftest import run_cli
+
     from receipt_embed.data.dataset_dir import load_dataset_dir
     from receipt_embed.images import load_resized
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-
 from conftest import builtin_registry
 
 REGISTRY = builtin_registry()

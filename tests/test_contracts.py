@@ -4,12 +4,11 @@ broken components."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
-
 from conftest import registry_with_examples
+
 from receipt_embed.testing import check_audit_check, check_augmentation, check_encoder, check_loss, check_sampler
 
 NOT_LABEL_AWARE = {"vicreg", "align_uniform"}  # non-contrastive: no negatives to mask

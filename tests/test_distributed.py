@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from dist_worker import make_loss, model_and_batch, momentum_keys, rows_for
+
 from receipt_embed.distributed import identity_slice, two_view_order
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINY_TRAINING
 
 PACKAGE = REPO / "examples" / "receipt-embed-triplet"

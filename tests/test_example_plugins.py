@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import registry_with_examples
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,6 +218,7 @@ def test_metrics_csv_mirrors_metrics_jsonl_through_on_epoch_end(tmp_path):
     import csv
 
     from conftest import TINY_TRAINING
+
     from receipt_embed.config import load_config
     from receipt_embed.ingest import ingest
     from receipt_embed.training.trainer import train

@@ -4,14 +4,13 @@ audit-shortcuts, each through real folder discovery, with their failure rules.""
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, TINY_TRAINING
+
 from receipt_embed.plugin_manager import PluginHookWarning, PluginLoader, PluginLoadError
 
 RECORDER = '''
@@ -241,6 +240,7 @@ def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
                    "--fail-on-shortcut", out="b")
     assert strict.returncode == 1 and "CHECK hubness (hubness): k-occurrence skewness" in strict.stdout
     skipped = audit("--skip-check", "hubness", out="c")
+    assert skipped.returncode == 0, skipped.stderr
     assert "hubness" not in json.loads((tmp_path / "c" / "audit.json").read_text())["checks"]
     typo = audit("--skip-check", "hubnes", out="d")  # not installed here: skipped already, so only a warning
     assert typo.returncode == 0 and "--skip-check 'hubnes': no such audit check here; checks: hubness" in typo.stderr

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY_TRAINING, builtin_registry, run_cli, train_tiny
 from PIL import Image
 
-from conftest import TINY_TRAINING, builtin_registry, run_cli, train_tiny
 from receipt_embed.config import ConfigError, load_config
 from receipt_embed.data.cache import CaptureChanged, ImageCache
 from receipt_embed.data.dataset_dir import load_dataset_dir, verify_captures

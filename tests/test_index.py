@@ -10,13 +10,12 @@ import warnings
 import faiss
 import numpy as np
 import pytest
-
 from conftest import builtin_registry, run_cli, train_tiny
+
 from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
 from receipt_embed.embedding import embed_paths, load_model
 from receipt_embed.indexing import IndexBuildError, IndexDirError, all_pairs, build_index, load_index_dir
 from receipt_embed.indexing.index_dir import sha256_file
-
 
 
 @pytest.fixture(scope="module")

@@ -93,9 +93,7 @@ def test_kill_9_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
     import torch
 
     from receipt_embed.fileio import read_jsonl_tail_tolerant
-    from receipt_embed.training.checkpoint import load_checkpoint
-
-    from receipt_embed.training.checkpoint import save_checkpoint
+    from receipt_embed.training.checkpoint import load_checkpoint, save_checkpoint
 
     run = tmp_path / "run"
     old_state = {"epoch": 0, "model": {"w": torch.ones(3)}, "config": {"model": {}, "data": {}}}

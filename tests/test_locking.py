@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINY_TRAINING, run_cli
 from test_overwrite import tree_digest, write_embeddings
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import warnings
 
+import loss_reference as ref
 import pytest
 import torch
 
-import loss_reference as ref
 from receipt_embed.builtins import losses as builtin_losses
 from receipt_embed.losses import (
     DebiasedContrastiveLoss,
@@ -225,7 +225,7 @@ def test_gradcheck_full_loss_through_normalisation():
     x = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)
     labels = torch.tensor([0, 1, 0, 2, 0, 1, 0, 2])
     for loss in (NTXentLoss(0.2, tile_size=3, path="tiled"), HardNegativeLoss(0.5, tau_plus=0.1, tile_size=3, path="tiled")):
-        assert torch.autograd.gradcheck(lambda e: loss(e, labels), (x,), eps=1e-6, atol=1e-7)
+        assert torch.autograd.gradcheck(lambda e, loss=loss: loss(e, labels), (x,), eps=1e-6, atol=1e-7)
 
 
 def test_rows_without_allowed_keys_give_minus_inf_and_zero_gradient():
@@ -254,7 +254,7 @@ def test_float32_dense_and_tiled_agree(cls, params):
     labels = torch.arange(350).repeat(2)
     labels[:20] = labels[20:40]  # some duplicates
     labels[350:370] = labels[370:390]
-    results = [grads_of(lambda e: cls(0.1, path=p, tile_size=128, **params)(e, labels), x) for p in ("dense", "tiled", "tiled-general")]
+    results = [grads_of(lambda e, p=p: cls(0.1, path=p, tile_size=128, **params)(e, labels), x) for p in ("dense", "tiled", "tiled-general")]
     for value, grad in results[1:]:
         torch.testing.assert_close(value, results[0][0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grad, results[0][1], rtol=1e-4, atol=1e-7)
@@ -267,7 +267,7 @@ def test_tau_001_is_finite_in_float32():
     labels = torch.arange(48).repeat(2)
     for cls in (NTXentLoss, SupConLoss, DebiasedContrastiveLoss, HardNegativeLoss):
         loss = quiet(cls, temperature=0.01, path="tiled", tile_size=32)
-        value, grad = grads_of(lambda e: loss(e, labels), x)
+        value, grad = grads_of(lambda e, loss=loss: loss(e, labels), x)
         assert loss.last_stats["path"] == "tiled-general"
         assert torch.isfinite(value) and torch.isfinite(grad).all()
     value, _ = grads_of(lambda e: quiet(NTXentLoss, temperature=0.01, path="tiled", tile_size=32)(e, labels), x)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import builtin_registry
+
 from receipt_embed.models.embedder import Embedder, standardize_per_image
 
 

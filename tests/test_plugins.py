@@ -603,6 +603,7 @@ def register_samplers(register):
 ])
 def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, message):
     from conftest import TINY_TRAINING
+
     from receipt_embed.config import load_config
     from receipt_embed.ingest import ingest
     from receipt_embed.training.trainer import train
@@ -617,6 +618,7 @@ def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, mes
 
 def test_encoder_params_come_from_model_params(tmp_path):
     from conftest import TINY_TRAINING
+
     from receipt_embed.config import load_config
     from receipt_embed.training.trainer import build_model
 
@@ -648,6 +650,7 @@ def test_hook_arguments_and_helper_imports_get_pointed_messages(tmp_path):
 
 def test_unknown_component_from_a_checkpoint_names_its_plugins_folder(tmp_path):
     from conftest import TINY_TRAINING
+
     from receipt_embed.config import load_config
     from receipt_embed.embedding import load_model
     from receipt_embed.ingest import ingest

@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, train_tiny
 
 HANG = 60
@@ -103,8 +102,8 @@ def embeddings_index(trained, tmp_path_factory):
     """An exact index dir of random external embeddings for the dataset's captures."""
     import numpy as np
 
-    from receipt_embed.indexing.build import index_embeddings
     from receipt_embed.data.dataset_dir import load_dataset_dir
+    from receipt_embed.indexing.build import index_embeddings
 
     base = tmp_path_factory.mktemp("embidx")
     count = len(load_dataset_dir(trained[0]))
@@ -116,7 +115,6 @@ def embeddings_index(trained, tmp_path_factory):
 
 def _substitute_faiss(index_dir: Path, vectors, factory: str) -> None:
     import faiss
-
     from tamper import reseal
 
     substitute = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
@@ -129,8 +127,9 @@ def _substitute_faiss(index_dir: Path, vectors, factory: str) -> None:
 @pytest.mark.parametrize("factory, message", [("IVF4,Flat", "IndexIVFFlat"), ("Flat", "scores")])
 def test_substituted_index_faiss_is_refused(embeddings_index, tmp_path, factory, message):
     """F7: another type of index, or one of unnormalised vectors, with checksums recomputed, is refused."""
-    from receipt_embed.indexing import IndexDirError, load_index_dir
     from tamper import copy_index
+
+    from receipt_embed.indexing import IndexDirError, load_index_dir
 
     index_dir = copy_index(embeddings_index[0], tmp_path / "index")
     _substitute_faiss(index_dir, embeddings_index[1] * 10, factory)
@@ -170,8 +169,9 @@ def test_lying_npy_header_is_refused_for_embeddings(trained, tmp_path):
 
 def test_lying_npy_header_is_refused_in_an_index_dir(embeddings_index, tmp_path):
     """F8: INDEX/embeddings.npy with a lying header (checksums recomputed) is an IndexDirError, not a MemoryError."""
-    from receipt_embed.indexing import IndexDirError, load_index_dir
     from tamper import copy_index, reseal
+
+    from receipt_embed.indexing import IndexDirError, load_index_dir
 
     index_dir = copy_index(embeddings_index[0], tmp_path / "index")
     _lying_npy(index_dir / "embeddings.npy")
@@ -193,9 +193,10 @@ def test_non_string_manifest_values_are_rejected_as_invalid(tmp_path):
     `invalid_value` rejections naming the column; object metadata is kept as JSON text."""
     import json
 
+    from test_ingest import _jpeg
+
     from receipt_embed.config import load_config
     from receipt_embed.ingest import ingest
-    from test_ingest import _jpeg
 
     rows = [{"path": "ok.jpg", "receipt_id": 7, "device": "phone", "meta": {"a": 1}},
             {"path": "1.jpg", "receipt_id": {"a": 1}, "device": "phone"},
@@ -219,8 +220,9 @@ def test_non_string_manifest_values_are_rejected_as_invalid(tmp_path):
 
 def test_empty_receipt_id_in_items_is_refused(embeddings_index, tmp_path):
     """F14: items.jsonl with an empty receipt_id (checksums recomputed) is refused by index loading."""
-    from receipt_embed.indexing import IndexDirError, load_index_dir
     from tamper import copy_index, rewrite_items
+
+    from receipt_embed.indexing import IndexDirError, load_index_dir
 
     index_dir = copy_index(embeddings_index[0], tmp_path / "index")
     rewrite_items(index_dir, lambda row, item: {**item, "receipt_id": ""} if row == 3 else item)

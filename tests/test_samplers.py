@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
-
 from conftest import builtin_registry
+
 from receipt_embed.sampling.samplers import PKSampler, UniqueIdentitySampler
 
 # 10 identities: 0-5 with 3 captures, 6-8 with 2, 9 with 1

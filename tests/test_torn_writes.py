@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINY_TRAINING, builtin_registry, run_cli, train_tiny
 from test_overwrite import tree_digest, write_embeddings
 
@@ -183,11 +182,12 @@ def test_the_fallback_swap_without_renameat2_replaces_the_dir(tmp_path, monkeypa
 
 
 def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_path, trained):
+    from test_training import NAN_PLUGIN
+
     from receipt_embed.config import load_config
     from receipt_embed.plugin_manager import PluginLoader
     from receipt_embed.training.rundir import set_aside, settle_leftovers
     from receipt_embed.training.trainer import TrainingDiverged, train
-    from test_training import NAN_PLUGIN
 
     dataset, run = trained[0], tmp_path / "run"
     shutil.copytree(trained[1], run)

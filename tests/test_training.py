@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import builtin_registry
+
 from receipt_embed.config import load_config
 from receipt_embed.ingest import ingest
 from receipt_embed.plugin_manager import PluginLoader

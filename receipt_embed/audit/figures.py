@@ -25,7 +25,6 @@ from receipt_embed.evaluation.diagnostics import QUANTILES, embedding_diagnostic
 from receipt_embed.evaluation.retrieval import l2_normalise, retrieval_metrics
 from receipt_embed.evaluation.shortcuts import attribute_lift
 
-
 MAX_PAIRWISE_ITEMS = 20_000  # uniformity and effective rank on a seeded subset above this
 COLLAPSED_RANK = 2.0  # an effective rank below this: the embeddings lie on (nearly) one line
 MAX_PROBE_ITEMS = 20_000  # the linear probe trains on the captures of a subset of identities above this

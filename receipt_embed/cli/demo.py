@@ -11,6 +11,7 @@ import click
 
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
 
+
 def find_samples() -> Path | None:
     """``data_samples/`` in the working directory or next to the package (a clone)."""
     import receipt_embed

@@ -7,8 +7,8 @@ decoding full-size JPEGs every epoch would cost more than the forward pass.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 import numpy as np
 from tqdm import tqdm

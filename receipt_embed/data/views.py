@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch

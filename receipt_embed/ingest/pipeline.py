@@ -26,12 +26,18 @@ from receipt_embed.display import printable
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl
 from receipt_embed.images import ImageRejected, decode_image
 from receipt_embed.ingest.duplicates import resolve_duplicates
-from receipt_embed.ingest.manifest import (REQUIRED_COLUMNS, ManifestError, ManifestRow, check_reserved_columns,
-                                           find_manifest, read_manifest)
+from receipt_embed.ingest.manifest import (
+    REQUIRED_COLUMNS,
+    ManifestError,
+    ManifestRow,
+    check_reserved_columns,
+    find_manifest,
+    read_manifest,
+)
 from receipt_embed.ingest.splits import SPLITS, assign_splits
-from receipt_embed.userfiles import UnusableFile, open_regular
 from receipt_embed.locking import write_lock
 from receipt_embed.outdir import check_replaceable, refuse_own_input, replace_dir
+from receipt_embed.userfiles import UnusableFile, open_regular
 
 MANIFEST_FILE = "manifest.jsonl"
 REPORT_FILE = "ingest_report.json"

@@ -9,7 +9,7 @@ font files and gives the same pixels wherever the same Pillow version runs.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -19,7 +19,7 @@ _STRIP_HEIGHT = 3000  # longer than any receipt; cropped to the printed length
 _LINE_SPACING = 1.3
 
 
-@lru_cache(maxsize=None)
+@cache
 def _font(size: int) -> ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=size)
 

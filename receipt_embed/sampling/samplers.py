@@ -14,7 +14,7 @@ expects; the identity label of each view is its capture's label. Batches depend 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 

@@ -29,7 +29,6 @@ def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, pr
     """One run per value into OUT/KEY=VALUE (``force`` replaces existing ones), under OUT's
     writer lock, then OUT/sweep.json."""
     from receipt_embed.locking import write_lock
-
     from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
 
     with write_lock(out_dir):

@@ -11,8 +11,8 @@ continues from it and reproduces the uninterrupted run (exactly, in deterministi
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import signal
 import time
 from contextlib import contextmanager, nullcontext
@@ -34,8 +34,14 @@ from receipt_embed.fileio import append_line, atomic_write_json, atomic_write_js
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
 from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
-from receipt_embed.training.checkpoint import (CheckpointError, check_compatible, check_resumable, load_checkpoint,
-                                               load_weights, save_checkpoint)
+from receipt_embed.training.checkpoint import (
+    CheckpointError,
+    check_compatible,
+    check_resumable,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+)
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
-
-from receipt_embed.testing import check_loss
 from receipt_embed_triplet import build
 from receipt_embed_triplet.loss import BatchHardTriplet
+
+from receipt_embed.testing import check_loss
 
 
 def reference(z: np.ndarray, labels: np.ndarray, margin: float) -> float:

@@ -36,7 +36,10 @@ def synthetic(items: int, dim: int, devices: int, alpha: float, seed: int = 0):
         rows = np.arange(3 * block[0], 3 * (block[-1] + 1))
         x[rows] = identity[labels[rows] - block[0]] + alpha * device_dirs[device[rows]]
     x += 0.6 * rng.normal(size=x.shape).astype(np.float32)
-    meta = [{"path": f"missing/{i}.jpg", "receipt_id": f"r{l}", "device": f"d{d}"} for i, (l, d) in enumerate(zip(labels, device))]
+    meta = [
+        {"path": f"missing/{i}.jpg", "receipt_id": f"r{l}", "device": f"d{d}"}
+        for i, (l, d) in enumerate(zip(labels, device))
+    ]
     return x, meta
 
 
@@ -50,16 +53,34 @@ def main() -> None:
     x, items = synthetic(args.items, args.dim, args.devices, args.alpha)
     with tempfile.TemporaryDirectory() as tmp:
         built = build_index(x, "Flat")
-        write_index_dir(Path(tmp) / "index", built, x / np.linalg.norm(x, axis=1, keepdims=True), items,
-                        {"kind": "embeddings", "embeddings": "synthetic", "embeddings_sha256": "-"}, None)
+        write_index_dir(
+            Path(tmp) / "index",
+            built,
+            x / np.linalg.norm(x, axis=1, keepdims=True),
+            items,
+            {"kind": "embeddings", "embeddings": "synthetic", "embeddings_sha256": "-"},
+            None,
+        )
         started = time.perf_counter()
         figures = run_audit(Path(tmp) / "index", ["device"], Path(tmp) / "audit")
         full_s = time.perf_counter() - started
         html_mb = (Path(tmp) / "audit" / "audit.html").stat().st_size / 2**20
     device = figures["shortcuts"]["device"]
-    print(json.dumps({"items": len(items), "dim": args.dim, "alpha": args.alpha, "audit_s": round(full_s, 1), "html_mb": round(html_mb, 2),
-                      "recall_at_1": figures["retrieval"]["recall_at_1"], "lift": device["lift"],
-                      "probe_accuracy": device["probe_accuracy"], "flagged": device["flagged"]}))
+    print(
+        json.dumps(
+            {
+                "items": len(items),
+                "dim": args.dim,
+                "alpha": args.alpha,
+                "audit_s": round(full_s, 1),
+                "html_mb": round(html_mb, 2),
+                "recall_at_1": figures["retrieval"]["recall_at_1"],
+                "lift": device["lift"],
+                "probe_accuracy": device["probe_accuracy"],
+                "flagged": device["flagged"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

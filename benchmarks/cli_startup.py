@@ -44,8 +44,12 @@ def run(args: list[str], repeat: int) -> dict:
         times.append(time.perf_counter() - started)
     probe = subprocess.run([sys.executable, "-c", PROBE, *args], check=True, capture_output=True, text=True)
     torch_loaded, rss_kb = probe.stderr.strip().splitlines()[-1].split()[1:]
-    return {"median_s": statistics.median(times), "max_s": max(times), "peak_rss_mb": int(rss_kb) / 1024,
-            "imports_torch": torch_loaded == "1"}
+    return {
+        "median_s": statistics.median(times),
+        "max_s": max(times),
+        "peak_rss_mb": int(rss_kb) / 1024,
+        "imports_torch": torch_loaded == "1",
+    }
 
 
 def main() -> None:
@@ -60,8 +64,10 @@ def main() -> None:
     print("| command | median | max | peak RSS | imports torch |")
     print("|---|---|---|---|---|")
     for name, r in results.items():
-        print(f"| `{name}` | {r['median_s'] * 1000:.0f} ms | {r['max_s'] * 1000:.0f} ms | {r['peak_rss_mb']:.0f} MB | "
-              f"{'yes' if r['imports_torch'] else 'no'} |")
+        print(
+            f"| `{name}` | {r['median_s'] * 1000:.0f} ms | {r['max_s'] * 1000:.0f} ms | {r['peak_rss_mb']:.0f} MB | "
+            f"{'yes' if r['imports_torch'] else 'no'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -61,8 +61,11 @@ def index_write(work: Path, vectors: int, dim: int, repeat: int) -> dict:
     def safe():
         write_index_dir(work / "safe", built, embeddings, items, source, None, force=True)
 
-    return {"plain_s": median_time(plain, repeat), "safe_s": median_time(safe, repeat),
-            "bytes": sum(p.stat().st_size for p in (work / "safe").iterdir() if p.is_file())}
+    return {
+        "plain_s": median_time(plain, repeat),
+        "safe_s": median_time(safe, repeat),
+        "bytes": sum(p.stat().st_size for p in (work / "safe").iterdir() if p.is_file()),
+    }
 
 
 def capture_cache(work: Path, captures: int, repeat: int) -> dict:

@@ -129,26 +129,38 @@ def run_case(n: int, dim: int, factory: str, queries: int, latency_queries: int,
         index.search(q[row : row + 1], 10)
         latencies.append(time.perf_counter() - started)
     return {
-        "n": n, "dim": dim, "factory": factory, "search_params": built.search_params,
-        "build_s": built.build_seconds, "tune_s": built.tune_seconds, "index_mb": round(size_mb, 1),
-        "build_peak_extra_mb": round(peak_extra_mb, 1), "qps": round(len(q) / batch_s, 1),
+        "n": n,
+        "dim": dim,
+        "factory": factory,
+        "search_params": built.search_params,
+        "build_s": built.build_seconds,
+        "tune_s": built.tune_seconds,
+        "index_mb": round(size_mb, 1),
+        "build_peak_extra_mb": round(peak_extra_mb, 1),
+        "qps": round(len(q) / batch_s, 1),
         "p50_ms": round(1000 * float(np.percentile(latencies, 50)), 3),
         "p99_ms": round(1000 * float(np.percentile(latencies, 99)), 3),
-        "recall_at_10": round(recall, 4), "tune_recall_at_10": built.recall_at_10,
+        "recall_at_10": round(recall, 4),
+        "tune_recall_at_10": built.recall_at_10,
         "threads": faiss.omp_get_max_threads(),
     }
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| vectors | factory | search params | build s | index MB | build peak extra MB | queries/s (batch) "
-             "| p50 ms | p99 ms | recall@10 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| vectors | factory | search params | build s | index MB | build peak extra MB | queries/s (batch) "
+        "| p50 ms | p99 ms | recall@10 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['n']:,} | {r['factory']} | {r['error']} | | | | | | | |")
             continue
-        lines.append(f"| {r['n']:,} | {r['factory']} | {r['search_params'] or '-'} | {r['build_s']:.1f} | "
-                     f"{r['index_mb']:.0f} | {r['build_peak_extra_mb']:.0f} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} | {r['recall_at_10']:.3f} |")
+        lines.append(
+            f"| {r['n']:,} | {r['factory']} | {r['search_params'] or '-'} | {r['build_s']:.1f} | "
+            f"{r['index_mb']:.0f} | {r['build_peak_extra_mb']:.0f} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | "
+            f"{r['p99_ms']:.2f} | {r['recall_at_10']:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -167,21 +179,38 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.case:
         n, factory = args.case.split(",", 1)
-        result = run_case(int(n), args.dim, factory, args.queries, args.latency_queries, args.target_recall,
-                          Path(args.cache))
+        result = run_case(
+            int(n), args.dim, factory, args.queries, args.latency_queries, args.target_recall, Path(args.cache)
+        )
         print(json.dumps(result))
         return
     results = []
     with tempfile.TemporaryDirectory() as cache:
         for n in args.sizes:
             for factory in args.factories:
-                command = [sys.executable, __file__, "--case", f"{n},{factory}", "--cache", cache, "--dim", str(args.dim),
-                           "--queries", str(args.queries), "--latency-queries", str(args.latency_queries),
-                           "--target-recall", str(args.target_recall)]
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--case",
+                    f"{n},{factory}",
+                    "--cache",
+                    cache,
+                    "--dim",
+                    str(args.dim),
+                    "--queries",
+                    str(args.queries),
+                    "--latency-queries",
+                    str(args.latency_queries),
+                    "--target-recall",
+                    str(args.target_recall),
+                ]
                 try:
                     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-                    result = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
-                        "n": n, "factory": factory, "error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+                    result = (
+                        json.loads(done.stdout.strip().splitlines()[-1])
+                        if done.returncode == 0
+                        else {"n": n, "factory": factory, "error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+                    )
                 except subprocess.TimeoutExpired:
                     result = {"n": n, "factory": factory, "error": f"over {args.timeout:.0f} s"}
                 print(json.dumps(result), flush=True)

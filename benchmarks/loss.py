@@ -172,7 +172,14 @@ def run_case(impl: str, n: int, d: int, k: int, cap_gb: float, temperature: floa
     warnings.simplefilter("ignore", UserWarning)  # the low-temperature warning, if asked for
 
     sys.path.insert(0, str(REPO))
-    result = {"impl": impl, "n": n, "d": d, "k": k if impl in MULTI_POSITIVE else 2, "temperature": temperature, "threads": torch.get_num_threads()}
+    result = {
+        "impl": impl,
+        "n": n,
+        "d": d,
+        "k": k if impl in MULTI_POSITIVE else 2,
+        "temperature": temperature,
+        "threads": torch.get_num_threads(),
+    }
     if impl in ("matmul", "matmul_tiles"):
         result.update((_matmul_case if impl == "matmul" else _matmul_tiles_case)(n, d), status="ok")
         return result
@@ -200,7 +207,12 @@ def run_case(impl: str, n: int, d: int, k: int, cap_gb: float, temperature: floa
     except (RuntimeError, MemoryError) as exc:
         text = str(exc)
         if isinstance(exc, MemoryError) or "alloc" in text.lower() or "memory" in text.lower():
-            result.update(status="cannot allocate", cap_gb=cap_gb, seconds_until_failure=round(time.perf_counter() - start, 2), error=text[:200])
+            result.update(
+                status="cannot allocate",
+                cap_gb=cap_gb,
+                seconds_until_failure=round(time.perf_counter() - start, 2),
+                error=text[:200],
+            )
             return result
         raise
     seconds = time.perf_counter() - start
@@ -262,7 +274,22 @@ def spawn(impl: str, n: int, args) -> dict:
     busy = wait_for_quiet(args.wait_quiet) if args.wait_quiet > 0 else float("nan")
     python = args.anchor_python if impl in ANCHORS else sys.executable
     cap = min(args.cap_gb, max(1.0, _mem_available_gb() - 3.0))
-    cmd = [python, str(Path(__file__).resolve()), "--case", impl, "--n", str(n), "--d", str(args.d), "--k", str(args.k), "--cap-gb", f"{cap:.1f}", "--temperature", str(args.temperature)]
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--case",
+        impl,
+        "--n",
+        str(n),
+        "--d",
+        str(args.d),
+        "--k",
+        str(args.k),
+        "--cap-gb",
+        f"{cap:.1f}",
+        "--temperature",
+        str(args.temperature),
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     load = os.getloadavg()[0]
     try:
@@ -327,7 +354,9 @@ def report(results: list[dict], sizes: list[int]) -> str:
             ours = by.get((impls[0], n))
             cells = [_cell(by.get((impl, n))) for impl in impls]
             lines.append(
-                f"| {n} | " + " | ".join(cells) + f" | {_ratio(ours, by.get((anchor, n)), 'seconds')} | {_ratio(ours, by.get((anchor, n)), 'extra_mb')} |"
+                f"| {n} | "
+                + " | ".join(cells)
+                + f" | {_ratio(ours, by.get((anchor, n)), 'seconds')} | {_ratio(ours, by.get((anchor, n)), 'extra_mb')} |"
             )
         lines.append("")
     lines.append(
@@ -335,14 +364,18 @@ def report(results: list[dict], sizes: list[int]) -> str:
         "recomputed in backward, two gradient matmuls); matmul = Z @ Z^T of the same shape, "
         "matmul tiles = the same product as cache-resident 1024² blocks\n"
     )
-    lines.append("| N | ntxent GFLOP/s | supcon GFLOP/s | matmul GFLOP/s | matmul tiles GFLOP/s | ntxent / matmul | ntxent / matmul tiles |")
+    lines.append(
+        "| N | ntxent GFLOP/s | supcon GFLOP/s | matmul GFLOP/s | matmul tiles GFLOP/s | ntxent / matmul | ntxent / matmul tiles |"
+    )
     lines.append("|---|---|---|---|---|---|---|")
     ok = lambda r: r is not None and r.get("status") == "ok"  # noqa: E731
     for n in sizes:
         a, s, m, mt = (by.get((name, n)) for name in ("ours_ntxent", "ours_supcon", "matmul", "matmul_tiles"))
         g = lambda r, key: f"{r[key]:.0f}" if ok(r) and key in r else "-"  # noqa: E731
         frac = lambda r, a=a: f"{a['engine_gflops'] / r['gflops']:.2f}" if ok(a) and ok(r) else "-"  # noqa: E731
-        lines.append(f"| {n} | {g(a, 'engine_gflops')} | {g(s, 'engine_gflops')} | {g(m, 'gflops')} | {g(mt, 'gflops')} | {frac(m)} | {frac(mt)} |")
+        lines.append(
+            f"| {n} | {g(a, 'engine_gflops')} | {g(s, 'engine_gflops')} | {g(m, 'gflops')} | {g(mt, 'gflops')} | {frac(m)} | {frac(mt)} |"
+        )
     return "\n".join(lines)
 
 
@@ -355,11 +388,19 @@ def main(argv=None):
     parser.add_argument("--temperature", type=float, default=TEMPERATURE, help="for every case (default 0.1)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     parser.add_argument("--only", nargs="+", help="run only these cases")
-    parser.add_argument("--anchor-python", default=sys.executable, help="interpreter with lightly / pytorch-metric-learning")
-    parser.add_argument("--cap-gb", type=float, default=16.0, help="address-space cap per case above its size after imports")
+    parser.add_argument(
+        "--anchor-python", default=sys.executable, help="interpreter with lightly / pytorch-metric-learning"
+    )
+    parser.add_argument(
+        "--cap-gb", type=float, default=16.0, help="address-space cap per case above its size after imports"
+    )
     parser.add_argument("--timeout", type=int, default=600)
-    parser.add_argument("--repeat", type=int, default=1, help="runs per case (fresh process each); tables show the median")
-    parser.add_argument("--wait-quiet", type=float, default=120.0, help="seconds to wait for idle CPUs before each case (0: don't)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per case (fresh process each); tables show the median"
+    )
+    parser.add_argument(
+        "--wait-quiet", type=float, default=120.0, help="seconds to wait for idle CPUs before each case (0: don't)"
+    )
     parser.add_argument("--json", help="append every result as a JSON line to this file")
     args = parser.parse_args(argv)
 

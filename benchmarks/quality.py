@@ -44,8 +44,11 @@ def raw_pixels(paths: list[str]) -> np.ndarray:
 
 def figures(x: np.ndarray, labels, devices) -> dict:
     retrieval = retrieval_metrics(x, labels, ks=(1, 5))
-    return {"recall_at_1": retrieval["recall_at_1"], "map": retrieval["map"],
-            "device_lift": attribute_lift(x, labels, devices)["lift"]}
+    return {
+        "recall_at_1": retrieval["recall_at_1"],
+        "map": retrieval["map"],
+        "device_lift": attribute_lift(x, labels, devices)["lift"],
+    }
 
 
 def main() -> None:
@@ -54,8 +57,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--split-ratios", default="0.6,0.1,0.3")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--plugins-dir", default=None,
-                        help="also load the plugins in this folder (e.g. plugins/ for --set sampler.name=same_merchant)")
+    parser.add_argument(
+        "--plugins-dir",
+        default=None,
+        help="also load the plugins in this folder (e.g. plugins/ for --set sampler.name=same_merchant)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     overrides = [f"ingest.split_ratios=[{args.split_ratios}]", *args.overrides]
@@ -71,8 +77,13 @@ def main() -> None:
     rows = load_dataset_dir(out / "dataset")
     held = select_split(rows, "heldout")
     devices = [row["device"] for row in held.rows]
-    result = {"samples": args.samples, "heldout_receipts": len(held.identities), "heldout_captures": len(held),
-              "train_receipts": len(select_split(rows, "train").identities), "overrides": args.overrides}
+    result = {
+        "samples": args.samples,
+        "heldout_receipts": len(held.identities),
+        "heldout_captures": len(held),
+        "train_receipts": len(select_split(rows, "train").identities),
+        "overrides": args.overrides,
+    }
 
     result["raw_pixels"] = figures(raw_pixels(held.paths), held.labels, devices)
     torch.manual_seed(config.train.seed)

@@ -65,12 +65,19 @@ def main() -> None:
         batches = trainer._make_loader()
         loader_rate = _views_per_second(batches, args.steps)
         train_rate = _views_per_second(batches, args.steps, work=trainer._train_step)
-    print(json.dumps({
-        "encoder": config.model.encoder, "image_size": list(config.data.image_size),
-        "batch_views": len(next(iter(batches))[0]), "num_workers": config.train.num_workers,
-        "threads": torch.get_num_threads(), "loader_views_per_s": round(loader_rate, 1),
-        "train_views_per_s": round(train_rate, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "encoder": config.model.encoder,
+                "image_size": list(config.data.image_size),
+                "batch_views": len(next(iter(batches))[0]),
+                "num_workers": config.train.num_workers,
+                "threads": torch.get_num_threads(),
+                "loader_views_per_s": round(loader_rate, 1),
+                "train_views_per_s": round(train_rate, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,10 @@ def make_loss(temperature: float = 0.0, lam: float = 1.0, alpha: float = 2.0, t:
             if n % 2 or n < 4:
                 raise ValueError(f"align_uniform needs two-view batches [first views; second views], got {n} rows")
             if labels is not None and not torch.equal(labels[: n // 2], labels[n // 2 :]):
-                raise ValueError("align_uniform needs two-view batches: row i and row i + B must share an identity "
-                                 "(use sampler unique_identity)")
+                raise ValueError(
+                    "align_uniform needs two-view batches: row i and row i + B must share an identity "
+                    "(use sampler unique_identity)"
+                )
             z = F.normalize(embeddings.float(), dim=1)
             x, y = z[: n // 2], z[n // 2 :]
             align = (x - y).norm(dim=1).pow(alpha).mean()

@@ -30,8 +30,8 @@ def k_occurrence(indices: np.ndarray, n: int) -> np.ndarray:
 def skewness(values: np.ndarray) -> float:
     """Standardised third moment (population), as in the hubness literature."""
     centred = values - values.mean()
-    std = np.sqrt(np.mean(centred ** 2))
-    return float(np.mean(centred ** 3) / std ** 3) if std > 0 else 0.0
+    std = np.sqrt(np.mean(centred**2))
+    return float(np.mean(centred**3) / std**3) if std > 0 else 0.0
 
 
 def make_check(max_skewness: float = 3.0, min_items: int = 50):
@@ -48,9 +48,11 @@ def make_check(max_skewness: float = 3.0, min_items: int = 50):
             "max_k_occurrence_receipt": str(context.items[top].get("receipt_id")),
             "anti_hub_share": float(np.mean(counts == 0)),
         }
-        summary = (f"k-occurrence skewness {skew:.2f} (k = {k}); the strongest hub "
-                   f"({figures['max_k_occurrence_receipt']}) is a neighbour of {figures['max_k_occurrence']} items; "
-                   f"{figures['anti_hub_share']:.1%} of items are nobody's neighbour")
+        summary = (
+            f"k-occurrence skewness {skew:.2f} (k = {k}); the strongest hub "
+            f"({figures['max_k_occurrence_receipt']}) is a neighbour of {figures['max_k_occurrence']} items; "
+            f"{figures['anti_hub_share']:.1%} of items are nobody's neighbour"
+        )
         plot = None
         try:
             import matplotlib
@@ -65,12 +67,13 @@ def make_check(max_skewness: float = 3.0, min_items: int = 50):
             axis.set_title(f"hubness: skewness {skew:.2f}")
         except ImportError:  # the figures do not need the plot
             pass
-        return {"figures": figures, "summary": summary, "flagged": n >= min_items and skew > max_skewness,
-                "plot": plot}
+        return {"figures": figures, "summary": summary, "flagged": n >= min_items and skew > max_skewness, "plot": plot}
 
     return check
 
 
 @hookimpl
 def register_audit_checks(register):
-    register("hubness", make_check, description="k-occurrence skewness: hubs every query returns, receipts nobody finds")
+    register(
+        "hubness", make_check, description="k-occurrence skewness: hubs every query returns, receipts nobody finds"
+    )

@@ -41,14 +41,18 @@ def receipt_groups(identities, metadata, column: str) -> dict[int, str | None]:
         if column not in row:
             close = difflib.get_close_matches(column, list(row), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"sampler column {column!r} is missing from manifest row {row_number} "
-                             f"({row.get('path', '?')}){hint}; columns: {', '.join(sorted(row))}")
+            raise ValueError(
+                f"sampler column {column!r} is missing from manifest row {row_number} "
+                f"({row.get('path', '?')}){hint}; columns: {', '.join(sorted(row))}"
+            )
         raw = row[column]
         value = None if raw is None or str(raw).strip() == "" else str(raw)
         label = int(label)
         if label in values and values[label] != value:
-            raise ValueError(f"sampler column {column!r} varies within receipt {row.get('receipt_id', label)!r} "
-                             f"({values[label]!r} and {value!r}); group by a column that describes the receipt")
+            raise ValueError(
+                f"sampler column {column!r} varies within receipt {row.get('receipt_id', label)!r} "
+                f"({values[label]!r} and {value!r}); group by a column that describes the receipt"
+            )
         values[label] = value
     return values
 
@@ -87,8 +91,11 @@ class SameGroupSampler:
             members = self.groups[keys[g]]
             order.extend(members[i] for i in rng.permutation(len(members)))
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        self.stats = {"tail_dropped": 0, "tail_filled": 0,
-                      "ungrouped": sum(1 for v in self.group_of.values() if v is None)}
+        self.stats = {
+            "tail_dropped": 0,
+            "tail_filled": 0,
+            "ungrouped": sum(1 for v in self.group_of.values() if v is None),
+        }
         if len(batches[-1]) < self.batch_size:
             short = batches.pop()
             if self.tail == "fill":
@@ -105,8 +112,9 @@ class SameGroupSampler:
         def share_of(receipts):
             values = [self.group_of[r] for r in receipts]
             pairs = len(values) * (len(values) - 1) / 2
-            same = sum(c * (c - 1) / 2 for v, c in zip(*np.unique([v for v in values if v is not None],
-                                                                     return_counts=True)))
+            same = sum(
+                c * (c - 1) / 2 for v, c in zip(*np.unique([v for v in values if v is not None], return_counts=True))
+            )
             return same, pairs
 
         same = pairs = 0.0
@@ -120,9 +128,11 @@ class SameGroupSampler:
         rng = np.random.default_rng([self.seed, self.epoch])
         batches = self._receipt_batches(rng)
         share, random_share = self._same_group_share(batches)
-        self.stats.update(same_group_negatives=round(float(share), 4),
-                          same_group_negatives_random=round(float(random_share), 4),
-                          same_capture_pairs=0)
+        self.stats.update(
+            same_group_negatives=round(float(share), 4),
+            same_group_negatives_random=round(float(random_share), 4),
+            same_capture_pairs=0,
+        )
         for receipts in batches:
             batch, same = two_view_batch(receipts, self.captures, rng)  # the unique_identity layout
             self.stats["same_capture_pairs"] += same
@@ -135,5 +145,8 @@ def build(identities, batch_size, seed, metadata, column: str = "merchant", tail
 
 @hookimpl
 def register_samplers(register):
-    register("same_merchant", build,
-             description="batches of same-merchant receipts (any receipt-level column: param column) for hard negatives")
+    register(
+        "same_merchant",
+        build,
+        description="batches of same-merchant receipts (any receipt-level column: param column) for hard negatives",
+    )

@@ -18,8 +18,14 @@ from __future__ import annotations
 from receipt_embed.hookspecs import hookimpl
 
 
-def make_loss(temperature: float = 0.0, sim: float = 25.0, var: float = 25.0, cov: float = 1.0,
-              gamma: float = 1.0, eps: float = 1e-4):
+def make_loss(
+    temperature: float = 0.0,
+    sim: float = 25.0,
+    var: float = 25.0,
+    cov: float = 1.0,
+    gamma: float = 1.0,
+    eps: float = 1e-4,
+):
     """``temperature`` is accepted (train passes loss.temperature to every loss) and unused."""
     import torch
     import torch.nn.functional as F
@@ -39,12 +45,13 @@ def make_loss(temperature: float = 0.0, sim: float = 25.0, var: float = 25.0, co
             if n % 2 or n < 4:
                 raise ValueError(f"vicreg needs two-view batches [first views; second views], got {n} rows")
             if labels is not None and not torch.equal(labels[: n // 2], labels[n // 2 :]):
-                raise ValueError("vicreg needs two-view batches: row i and row i + B must share an identity "
-                                 "(use sampler unique_identity)")
+                raise ValueError(
+                    "vicreg needs two-view batches: row i and row i + B must share an identity "
+                    "(use sampler unique_identity)"
+                )
             z = embeddings.float()
             x, y = z[: n // 2], z[n // 2 :]
-            return (sim * F.mse_loss(x, y) + var * (variance(x) + variance(y))
-                    + cov * (covariance(x) + covariance(y)))
+            return sim * F.mse_loss(x, y) + var * (variance(x) + variance(y)) + cov * (covariance(x) + covariance(y))
 
     return VICRegLoss()
 

@@ -150,8 +150,10 @@ def _refuse_aliases(text: str, path: Path) -> None:
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent):
             mark = event.start_mark
-            raise ConfigError(f"config file {path}, line {mark.line + 1}: YAML aliases (*{event.anchor}) are not "
-                              "allowed in a config; write the values out")
+            raise ConfigError(
+                f"config file {path}, line {mark.line + 1}: YAML aliases (*{event.anchor}) are not "
+                "allowed in a config; write the values out"
+            )
 
 
 def _load_yaml(path: Path) -> dict:

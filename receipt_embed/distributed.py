@@ -86,8 +86,15 @@ def two_view_order(world_size: int, local_identities: int) -> torch.Tensor:
     return torch.tensor(first + second, dtype=torch.long)
 
 
-def global_loss(loss_fn, local_embeddings: torch.Tensor, local_labels: torch.Tensor, *, two_view: bool,
-                differentiable: bool = True, local_keys: torch.Tensor | None = None) -> torch.Tensor:
+def global_loss(
+    loss_fn,
+    local_embeddings: torch.Tensor,
+    local_labels: torch.Tensor,
+    *,
+    two_view: bool,
+    differentiable: bool = True,
+    local_keys: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The loss of the whole global batch, from this rank's rows.
 
     ``local_embeddings`` (n, d) and ``local_labels`` (n,) hold this rank's rows; for two-view
@@ -111,7 +118,9 @@ def identity_slice(identities: list, rank: int, world_size: int) -> list:
     Every rank draws the same global batch from the same seeded sampler, so identities are
     unique across the whole global batch; its size must divide by the world size."""
     if len(identities) % world_size:
-        raise ValueError(f"a global batch of {len(identities)} identities does not split over {world_size} ranks; "
-                         "use a batch size divisible by the world size")
+        raise ValueError(
+            f"a global batch of {len(identities)} identities does not split over {world_size} ranks; "
+            "use a batch size divisible by the world size"
+        )
     share = len(identities) // world_size
     return identities[rank * share : (rank + 1) * share]

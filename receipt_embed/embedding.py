@@ -51,8 +51,10 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
     except ComponentError as exc:
         if config.plugins.dir and str(exc).startswith("unknown "):
             # never loaded automatically: that would run code named by a data file
-            raise ComponentError(f"{exc} {checkpoint} was trained with plugins from {config.plugins.dir}: "
-                                 f"run `receipt-embed --plugins-dir {config.plugins.dir} ...`") from None
+            raise ComponentError(
+                f"{exc} {checkpoint} was trained with plugins from {config.plugins.dir}: "
+                f"run `receipt-embed --plugins-dir {config.plugins.dir} ...`"
+            ) from None
         raise
     load_weights(model, state["model"], checkpoint)
     model.eval()
@@ -60,8 +62,14 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
 
 
 @torch.no_grad()
-def embed_paths(loaded: LoadedModel, paths: list[str], features: str = "backbone", batch_size: int = 128,
-                progress: bool = False, digests: list[str | None] | None = None) -> np.ndarray:
+def embed_paths(
+    loaded: LoadedModel,
+    paths: list[str],
+    features: str = "backbone",
+    batch_size: int = 128,
+    progress: bool = False,
+    digests: list[str | None] | None = None,
+) -> np.ndarray:
     """(N, D) float32 embeddings (not normalised) of the images at ``paths``.
 
     Files are read within the checkpoint config's ``ingest.max_bytes`` and ``max_pixels``;
@@ -73,9 +81,13 @@ def embed_paths(loaded: LoadedModel, paths: list[str], features: str = "backbone
     out = []
     with tqdm(total=len(paths), desc="embedding", unit="img", disable=not progress, file=sys.stderr) as bar:
         for start in range(0, len(paths), 1024):  # decode in slices to bound memory
-            cache = ImageCache(paths[start : start + 1024], size, max_pixels=config.ingest.max_pixels,
-                               max_bytes=config.ingest.max_bytes,
-                               digests=None if digests is None else digests[start : start + 1024])
+            cache = ImageCache(
+                paths[start : start + 1024],
+                size,
+                max_pixels=config.ingest.max_pixels,
+                max_bytes=config.ingest.max_bytes,
+                digests=None if digests is None else digests[start : start + 1024],
+            )
             for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
                 backbone, head = loaded.model(images)
                 out.append((backbone if features == "backbone" else head).float().numpy())

@@ -105,8 +105,9 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
     return DecodedImage(_to_rgb(image), fmt, source_mode)
 
 
-def resize_bytes(data: bytes, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
-                 name: str = "<bytes>") -> np.ndarray:
+def resize_bytes(
+    data: bytes, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS, name: str = "<bytes>"
+) -> np.ndarray:
     """Decode an encoded capture straight to (height, width) RGB uint8.
 
     The pixel count is checked from the header before anything is decoded, so a
@@ -121,8 +122,10 @@ def resize_bytes(data: bytes, size: tuple[int, int], max_pixels: int = DEFAULT_M
             pixels = image.size[0] * image.size[1]
             if pixels > max_pixels:
                 raise ImageRejected(
-                    "too_many_pixels", f"{name}: {image.size[0]}x{image.size[1]} = {pixels} pixels exceeds the limit "
-                    f"of {max_pixels} (possible decompression bomb; raise ingest.max_pixels if it is genuine)")
+                    "too_many_pixels",
+                    f"{name}: {image.size[0]}x{image.size[1]} = {pixels} pixels exceeds the limit "
+                    f"of {max_pixels} (possible decompression bomb; raise ingest.max_pixels if it is genuine)",
+                )
             side = max(height, width)
             image.draft("RGB", (side, side))
             image = _to_rgb(ImageOps.exif_transpose(image))
@@ -136,8 +139,12 @@ def resize_bytes(data: bytes, size: tuple[int, int], max_pixels: int = DEFAULT_M
     return np.asarray(resized, dtype=np.uint8)
 
 
-def load_resized(path: str | Path, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
-                 max_bytes: int | None = DEFAULT_MAX_BYTES) -> np.ndarray:
+def load_resized(
+    path: str | Path,
+    size: tuple[int, int],
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> np.ndarray:
     """A capture file decoded to (height, width) RGB uint8 (see :func:`resize_bytes`).
 
     Only a regular file of at most ``max_bytes`` is read (a FIFO or device raises

@@ -58,8 +58,10 @@ def lock_path(out: str | os.PathLike) -> Path:
 
 def _describe(holder: dict) -> str:
     command = holder.get("command") or "?"
-    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} (`{command}`, "
-            f"since {holder.get('since', '?')})")
+    return (
+        f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} (`{command}`, "
+        f"since {holder.get('since', '?')})"
+    )
 
 
 def _read_holder(fd: int) -> dict:
@@ -95,13 +97,21 @@ def _open_locked(path: Path, out) -> int:
 
 
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def _unusable(path: Path, what: str) -> UnusableLockFile:
-    return UnusableLockFile(f"the lock file {path} is {what}, not a regular file receipt-embed wrote; it is never "
-                            "written through: remove it and try again")
+    return UnusableLockFile(
+        f"the lock file {path} is {what}, not a regular file receipt-embed wrote; it is never "
+        "written through: remove it and try again"
+    )
 
 
 def _open_lock_file(path: Path) -> int:
@@ -166,8 +176,12 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         if stale:
             message = f"took over the lock on {out} left by {_describe(stale)}, which is no longer running"
             (log or warnings.warn)(message)
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": _command_line(),
-                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": _command_line(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         _held[key] = 1
         try:
             with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
@@ -230,5 +244,12 @@ def held_locks_env(*outs) -> dict[str, str]:
     return {HELD_LOCKS_ENV: os.pathsep.join([*held, *(str(lock_path(o)) for o in outs)])}
 
 
-__all__ = ["DirLocked", "HELD_LOCKS_ENV", "StoppedBySignal", "UnusableLockFile", "held_locks_env", "lock_path",
-           "write_lock"]
+__all__ = [
+    "DirLocked",
+    "HELD_LOCKS_ENV",
+    "StoppedBySignal",
+    "UnusableLockFile",
+    "held_locks_env",
+    "lock_path",
+    "write_lock",
+]

@@ -47,8 +47,10 @@ def load_npy(path: str | os.PathLike) -> np.ndarray:
         data_bytes = os.fstat(handle.fileno()).st_size - handle.tell()
         expected = math.prod(shape) * dtype.itemsize
         if expected != data_bytes:
-            raise BadNpyFile(f"{path}: its header says shape {shape} of {dtype} ({expected} bytes), "
-                             f"but the file holds {data_bytes} bytes of data")
+            raise BadNpyFile(
+                f"{path}: its header says shape {shape} of {dtype} ({expected} bytes), "
+                f"but the file holds {data_bytes} bytes of data"
+            )
         handle.seek(0)
         return np.load(handle, allow_pickle=False)
 

@@ -36,10 +36,19 @@ MARKERS = {
     "run": ("checkpoints/last.pt",),
 }
 # files an interrupted older writer may have left without its marker (still ours)
-PARTIAL = {"index": ("index.faiss", "items.jsonl", "embeddings.npy"), "shard": ("embeddings.npy", "items.jsonl"),
-           "audit": ("audit.html",), "run": ("config.yaml", "metrics.jsonl")}
-WHAT = {"dataset": "a dataset dir", "index": "an index dir", "shard": "a shard dir", "audit": "an audit report dir",
-        "run": "a run dir"}
+PARTIAL = {
+    "index": ("index.faiss", "items.jsonl", "embeddings.npy"),
+    "shard": ("embeddings.npy", "items.jsonl"),
+    "audit": ("audit.html",),
+    "run": ("config.yaml", "metrics.jsonl"),
+}
+WHAT = {
+    "dataset": "a dataset dir",
+    "index": "an index dir",
+    "shard": "a shard dir",
+    "audit": "an audit report dir",
+    "run": "a run dir",
+}
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -86,8 +95,9 @@ def _written_by_us(path: Path, kind: str) -> set[str] | None:
 
 
 def _ours_hidden(name: str) -> bool:
-    return name.startswith(".") and (name.endswith(".lock") or ".staging-" in name or ".old-" in name
-                                     or name.endswith(".tmp"))
+    return name.startswith(".") and (
+        name.endswith(".lock") or ".staging-" in name or ".old-" in name or name.endswith(".tmp")
+    )
 
 
 # dirs written whole: nothing else may be written inside one, or replacing it would be refused
@@ -114,8 +124,10 @@ def refuse_nested(out: str | os.PathLike, kind: str) -> None:
     parent, parent_kind = found
     if (parent_kind, kind) in NESTED_OK and Path(os.path.abspath(out)).parent == parent:
         return
-    raise ValueError(f"--out {out} is inside {WHAT[parent_kind]} ({parent}); that dir is replaced whole by the "
-                     f"command that wrote it, so {WHAT[kind]} must not be written inside it: choose another --out")
+    raise ValueError(
+        f"--out {out} is inside {WHAT[parent_kind]} ({parent}); that dir is replaced whole by the "
+        f"command that wrote it, so {WHAT[kind]} must not be written inside it: choose another --out"
+    )
 
 
 def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
@@ -130,8 +142,9 @@ def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
             raise ValueError(f"{out} already holds {WHAT[kind]}; pass --force to replace it, or choose another --out")
         return
     what = "a file" if not Path(out).is_dir() else WHAT.get(found, "files that receipt-embed did not write")
-    raise ValueError(f"{out} holds {what}, not {WHAT[kind]}; it is never replaced (not even with --force): "
-                     "choose another --out")
+    raise ValueError(
+        f"{out} holds {what}, not {WHAT[kind]}; it is never replaced (not even with --force): choose another --out"
+    )
 
 
 def refuse_own_input(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | None]) -> None:
@@ -143,8 +156,10 @@ def refuse_own_input(out: str | os.PathLike, inputs: dict[str, str | os.PathLike
         source = Path(given).resolve()
         if source == target or source.is_relative_to(target):
             where = "is" if source == target else "holds"
-            raise ValueError(f"--out {out} {where} the {role} {given} this command reads; writing there would "
-                             "destroy its own input: choose another --out")
+            raise ValueError(
+                f"--out {out} {where} the {role} {given} this command reads; writing there would "
+                "destroy its own input: choose another --out"
+            )
 
 
 def leftovers(out: str | os.PathLike) -> list[Path]:
@@ -196,8 +211,10 @@ def clean_leftovers(out: str | os.PathLike, log=None) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
     parts = [f"restored {out} from {restored.name}, set aside by an interrupted write"] if restored else []
     if removed:
-        parts.append(f"removed {len(removed)} leftover(s) of an interrupted write beside {out} "
-                     f"({', '.join(p.name for p in removed)})")
+        parts.append(
+            f"removed {len(removed)} leftover(s) of an interrupted write beside {out} "
+            f"({', '.join(p.name for p in removed)})"
+        )
     if parts:
         (log or warnings.warn)("; ".join(parts))
     return found
@@ -323,5 +340,14 @@ def consistent_read(read, path: str | Path, *args, attempts: int = 4, **kwargs):
     return read(path, *args, **kwargs)
 
 
-__all__ = ["MARKERS", "check_replaceable", "clean_leftovers", "consistent_read", "dir_kind", "leftovers",
-           "refuse_own_input", "replace_dir", "swap_in"]
+__all__ = [
+    "MARKERS",
+    "check_replaceable",
+    "clean_leftovers",
+    "consistent_read",
+    "dir_kind",
+    "leftovers",
+    "refuse_own_input",
+    "replace_dir",
+    "swap_in",
+]

@@ -95,8 +95,11 @@ class PluginLoader:
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
-        detail = (str(exc) if type(exc).__module__.split(".")[0] == "receipt_embed"  # our own messages read whole
-                  else "".join(traceback.format_exception_only(type(exc), exc)).strip())
+        detail = (
+            str(exc)
+            if type(exc).__module__.split(".")[0] == "receipt_embed"  # our own messages read whole
+            else "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        )
         self.registry.failures[name] = detail
         if self.strict:
             raise PluginLoadError(f"plugin {name!r} failed to load (--strict-plugins): {detail}") from exc
@@ -122,17 +125,29 @@ class PluginLoader:
             if marked and attr not in specs:
                 close = difflib.get_close_matches(attr, sorted(specs), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}")
+                raise ValueError(
+                    f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
+                )
             if marked and attr in specs:
                 allowed = list(inspect.signature(getattr(hookspecs, attr)).parameters)
-                wrong = [a for a, p in inspect.signature(value).parameters.items() if a not in allowed
-                         and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+                wrong = [
+                    a
+                    for a, p in inspect.signature(value).parameters.items()
+                    if a not in allowed
+                    and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+                ]
                 if wrong:
-                    raise ValueError(f"{attr}() takes arguments named {', '.join(wrong)}; the hook offers "
-                                     f"{', '.join(allowed)} (use those names, any subset)")
+                    raise ValueError(
+                        f"{attr}() takes arguments named {', '.join(wrong)}; the hook offers "
+                        f"{', '.join(allowed)} (use those names, any subset)"
+                    )
             if not marked and attr in specs:
-                warnings.warn(f"plugin {name!r} defines {attr}() without @hookimpl, so it is ignored; decorate it with "
-                              "receipt_embed.hookspecs.hookimpl", PluginLoadWarning, stacklevel=3)
+                warnings.warn(
+                    f"plugin {name!r} defines {attr}() without @hookimpl, so it is ignored; decorate it with "
+                    "receipt_embed.hookspecs.hookimpl",
+                    PluginLoadWarning,
+                    stacklevel=3,
+                )
 
     def _register(self, module, info: PluginInfo) -> None:
         if self._blocked(info.name):
@@ -182,7 +197,9 @@ class PluginLoader:
             if required and self.strict:  # a tracker plugin missing silently is what strict exists to prevent
                 raise PluginLoadError(f"plugins folder {folder} does not exist (--strict-plugins)")
             if required:
-                warnings.warn(f"plugins folder {folder} does not exist; no folder plugins loaded", PluginLoadWarning, stacklevel=2)
+                warnings.warn(
+                    f"plugins folder {folder} does not exist; no folder plugins loaded", PluginLoadWarning, stacklevel=2
+                )
             return
         for path in sorted(folder.glob("*.py")):
             name = path.stem
@@ -198,8 +215,10 @@ class PluginLoader:
                 sys.modules.pop(module_name, None)
                 missing = getattr(exc, "name", None)
                 if isinstance(exc, ModuleNotFoundError) and missing and (folder / f"{missing}.py").is_file():
-                    exc = ModuleNotFoundError(f"{exc}; {missing}.py is in the plugins folder: import it relatively, "
-                                              f"`from .{missing} import ...`")
+                    exc = ModuleNotFoundError(
+                        f"{exc}; {missing}.py is in the plugins folder: import it relatively, "
+                        f"`from .{missing} import ...`"
+                    )
                 self._fail(name, exc)
                 continue
             self._register(module, PluginInfo(name, "folder", str(path), getattr(module, "__version__", None)))
@@ -228,7 +247,6 @@ class PluginLoader:
                     self.registry.drop_plugin(plugin)
                     self._fail(plugin, exc)
 
-
     def warn_unknown_disabled(self) -> None:
         """A name in RECEIPT_EMBED_DISABLE_PLUGINS that matched no plugin is probably a typo."""
         seen = set(self.registry.plugins) | set(self.registry.failures) | self.blocked_seen
@@ -246,8 +264,11 @@ def hook_implementations(registry: Registry, hook_name: str) -> list:
     if pm is None:
         return []
     # pluggy calls the last registered first (tryfirst/trylast adjust that); keep its order
-    return [impl for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls())
-            if impl.plugin_name not in registry.failures]
+    return [
+        impl
+        for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls())
+        if impl.plugin_name not in registry.failures
+    ]
 
 
 def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> dict[str, object]:
@@ -266,9 +287,15 @@ def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> 
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             at = f" ({where})" if where else ""
             if registry.strict:
-                raise PluginLoadError(f"plugin {impl.plugin_name!r} failed in {hook_name}{at} (--strict-plugins): {detail}") from exc
-            warnings.warn(f"plugin {impl.plugin_name!r} failed in {hook_name}{at}: {detail}; going on without it this "
-                          "time (--strict-plugins makes this fatal)", PluginHookWarning, stacklevel=2)
+                raise PluginLoadError(
+                    f"plugin {impl.plugin_name!r} failed in {hook_name}{at} (--strict-plugins): {detail}"
+                ) from exc
+            warnings.warn(
+                f"plugin {impl.plugin_name!r} failed in {hook_name}{at}: {detail}; going on without it this "
+                "time (--strict-plugins makes this fatal)",
+                PluginHookWarning,
+                stacklevel=2,
+            )
     return results
 
 
@@ -278,7 +305,9 @@ def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
 
 
 @functools.lru_cache(maxsize=8)
-def _load(plugins_dir: Path | None, strict: bool, disabled: frozenset[str], dir_required: bool) -> tuple[pluggy.PluginManager, Registry]:
+def _load(
+    plugins_dir: Path | None, strict: bool, disabled: frozenset[str], dir_required: bool
+) -> tuple[pluggy.PluginManager, Registry]:
     loader = PluginLoader(strict=strict)
     loader.load_builtins()
     loader.load_entry_points()
@@ -296,7 +325,9 @@ def _cached(plugins_dir, strict: bool, dir_required: bool | None):
     return _load(folder, strict, frozenset(disabled_plugins()), required)
 
 
-def get_plugin_manager(plugins_dir=None, strict: bool = False, dir_required: bool | None = None) -> pluggy.PluginManager:
+def get_plugin_manager(
+    plugins_dir=None, strict: bool = False, dir_required: bool | None = None
+) -> pluggy.PluginManager:
     """The pluggy manager with every plugin loaded (cached per process)."""
     return _cached(plugins_dir, strict, dir_required)[0]
 

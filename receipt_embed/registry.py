@@ -34,12 +34,26 @@ FRAMEWORK_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "audit_check": (),
 }
 # the config key a user sets instead of each framework argument, for messages
-FRAMEWORK_KEYS = {"temperature": "loss.temperature", "image_size": "data.image_size", "batch_size": "train.batch_size",
-                  "seed": "train.seed", "in_channels": "data.grayscale", "pretrained": "model.pretrained",
-                  "pooling": "model.pooling", "grid": "model.grid", "identities": "the dataset", "metadata": "the manifest"}
+FRAMEWORK_KEYS = {
+    "temperature": "loss.temperature",
+    "image_size": "data.image_size",
+    "batch_size": "train.batch_size",
+    "seed": "train.seed",
+    "in_channels": "data.grayscale",
+    "pretrained": "model.pretrained",
+    "pooling": "model.pooling",
+    "grid": "model.grid",
+    "identities": "the dataset",
+    "metadata": "the manifest",
+}
 # where the user sets each kind's params, for messages
-PARAMS_KEY = {"loss": "loss.params", "encoder": "model.params", "augmentation": "augment.params",
-              "sampler": "sampler.params", "audit_check": "--check-set"}
+PARAMS_KEY = {
+    "loss": "loss.params",
+    "encoder": "model.params",
+    "augmentation": "augment.params",
+    "sampler": "sampler.params",
+    "audit_check": "--check-set",
+}
 
 
 class ComponentError(ValueError):
@@ -76,8 +90,10 @@ def plugin_errors(registry: Registry, kind: str, name: str, doing: str):
 
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}) failed while {doing}: "
-                             f"{type(exc).__name__}: {exc}{where}") from exc
+        raise ComponentError(
+            f"{kind} {name!r} (from plugin {component.plugin!r}) failed while {doing}: "
+            f"{type(exc).__name__}: {exc}{where}"
+        ) from exc
 
 
 def _parameter_hint(factory, params: dict, kind: str) -> str:
@@ -91,10 +107,13 @@ def _parameter_hint(factory, params: dict, kind: str) -> str:
     reserved = FRAMEWORK_ARGUMENTS.get(kind, ())
     missing = [key for key in params if key in reserved and key not in parameters]
     if missing:
-        return (f"; receipt-embed passes {', '.join(map(repr, missing))} to every {kind} factory, so the factory must "
-                "accept it (see docs/plugins.md)")
-    accepted = [n for n, p in parameters.items()
-                if p.kind is not inspect.Parameter.VAR_POSITIONAL and n not in reserved]
+        return (
+            f"; receipt-embed passes {', '.join(map(repr, missing))} to every {kind} factory, so the factory must "
+            "accept it (see docs/plugins.md)"
+        )
+    accepted = [
+        n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n not in reserved
+    ]
     unknown = [key for key in params if key not in parameters]
     hint = f"; its {PARAMS_KEY.get(kind, 'params')} may set {', '.join(accepted) or 'nothing'}"
     for key in unknown:
@@ -128,9 +147,7 @@ class Registry:
     """Components by kind and name, plus the plugins that provided them."""
 
     plugins: dict[str, PluginInfo] = field(default_factory=dict)
-    components: dict[str, dict[str, Component]] = field(
-        default_factory=lambda: {kind: {} for kind in KINDS}
-    )
+    components: dict[str, dict[str, Component]] = field(default_factory=lambda: {kind: {} for kind in KINDS})
     failures: dict[str, str] = field(default_factory=dict)  # plugin name -> error text
     plugin_manager: Any = None  # the pluggy manager, for the call hooks (on_epoch_end)
     strict: bool = False  # a plugin failing in a hook is fatal (--strict-plugins) instead of a warning
@@ -138,11 +155,15 @@ class Registry:
 
     def add(self, kind: str, plugin: str, name: str, factory: Callable[..., Any], description: str = "") -> None:
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
-            raise InvalidComponent(f"plugin {plugin!r} registered a {kind} with an invalid name {name!r} "
-                                   "(letters, digits, '_', '-', '.'; no spaces)")
+            raise InvalidComponent(
+                f"plugin {plugin!r} registered a {kind} with an invalid name {name!r} "
+                "(letters, digits, '_', '-', '.'; no spaces)"
+            )
         if not callable(factory):
-            raise InvalidComponent(f"plugin {plugin!r} registered {kind} {name!r} with a factory that is not callable "
-                                   f"({type(factory).__name__}); pass the function that builds it")
+            raise InvalidComponent(
+                f"plugin {plugin!r} registered {kind} {name!r} with a factory that is not callable "
+                f"({type(factory).__name__}); pass the function that builds it"
+            )
         existing = self.components[kind].get(name)
         if existing is not None and existing.plugin == plugin:
             raise InvalidComponent(f"plugin {plugin!r} registers {kind} {name!r} twice")
@@ -168,8 +189,10 @@ class Registry:
             names = ", ".join(sorted(available)) or "(none registered)"
             close = difflib.get_close_matches(name, list(available), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ComponentError(f"unknown {kind} {name!r}. Available: {names}.{hint} (From a plugin? "
-                                 "`receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)")
+            raise ComponentError(
+                f"unknown {kind} {name!r}. Available: {names}.{hint} (From a plugin? "
+                "`receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)"
+            )
         return available[name]
 
     def create(self, kind: str, name: str, **params: Any) -> Any:
@@ -178,15 +201,18 @@ class Registry:
         try:
             return component.factory(**params)
         except TypeError as exc:
-            raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}"
-                                 f"{_parameter_hint(component.factory, params, kind)}") from exc
+            raise ComponentError(
+                f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}"
+                f"{_parameter_hint(component.factory, params, kind)}"
+            ) from exc
         except (ComponentError, OSError):  # a missing weights file is the user's to fix, as it says
             raise
         except ValueError as exc:  # the factory rejected a parameter value: say whose
             raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}") from exc
         except Exception as exc:  # a plugin bug: name it instead of a traceback through our code
-            raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}) failed to build: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+            raise ComponentError(
+                f"{kind} {name!r} (from plugin {component.plugin!r}) failed to build: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def create_with(self, kind: str, name: str, framework: dict[str, Any], params: dict[str, Any]) -> Any:
         """``create`` with the arguments receipt-embed passes itself plus the user's params;
@@ -194,9 +220,11 @@ class Registry:
         clash = sorted(set(params) & (set(framework) | set(FRAMEWORK_ARGUMENTS.get(kind, ()))))
         if clash:
             instead = "; ".join(f"{key} comes from {FRAMEWORK_KEYS[key]}" for key in clash if key in FRAMEWORK_KEYS)
-            raise ComponentError(f"{PARAMS_KEY.get(kind, 'params')} sets {', '.join(map(repr, clash))}, which receipt-embed "
-                                 f"passes to {kind} {name!r} itself; remove it from {PARAMS_KEY.get(kind, 'params')}"
-                                 + (f" ({instead})" if instead else ""))
+            raise ComponentError(
+                f"{PARAMS_KEY.get(kind, 'params')} sets {', '.join(map(repr, clash))}, which receipt-embed "
+                f"passes to {kind} {name!r} itself; remove it from {PARAMS_KEY.get(kind, 'params')}"
+                + (f" ({instead})" if instead else "")
+            )
         return self.create(kind, name, **framework, **params)
 
     def is_builtin(self, kind: str, name: str) -> bool:

@@ -41,7 +41,9 @@ def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = 
     try:
         (grad,) = torch.autograd.grad(value, z)
     except RuntimeError as exc:  # e.g. a constant or detached result
-        raise AssertionError(f"no gradient reaches the embeddings: the loss is not computed from them ({exc})") from None
+        raise AssertionError(
+            f"no gradient reaches the embeddings: the loss is not computed from them ({exc})"
+        ) from None
     assert torch.isfinite(grad).all(), "gradients with respect to the embeddings are not finite"
     assert grad.abs().sum() > 0, "no gradient reaches the embeddings"
 
@@ -49,7 +51,8 @@ def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = 
     rows = torch.cat([order, order + identities])
     permuted = loss(z.detach()[rows], labels[rows])
     assert torch.allclose(permuted, value.detach(), rtol=1e-5, atol=1e-6), (
-        f"the loss depends on the order of identities in the batch: {value.item()} vs {permuted.item()}")
+        f"the loss depends on the order of identities in the batch: {value.item()} vs {permuted.item()}"
+    )
 
     if label_aware:
         # identities 0 and 1 become one receipt: a contrastive loss must stop counting them as negatives
@@ -57,7 +60,8 @@ def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = 
         merged[merged == 1] = 0
         merged_value = loss(z.detach(), merged)
         assert not torch.allclose(merged_value, value.detach(), rtol=1e-6, atol=1e-9), (
-            "the loss ignores the identity labels: rows of one receipt are still treated as negatives")
+            "the loss ignores the identity labels: rows of one receipt are still treated as negatives"
+        )
 
 
 def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch: int = 2) -> None:
@@ -71,7 +75,8 @@ def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch:
     with torch.no_grad():
         out = encoder(torch.rand(batch, in_channels, *image_size))
     assert tuple(out.shape) == (batch, encoder.feature_dim), (
-        f"expected features of shape {(batch, encoder.feature_dim)}, got {tuple(out.shape)}")
+        f"expected features of shape {(batch, encoder.feature_dim)}, got {tuple(out.shape)}"
+    )
     assert torch.isfinite(out).all(), "the encoder returned non-finite features"
 
 
@@ -101,14 +106,16 @@ def check_sampler(sampler, labels, *, epochs: int = 2, two_view: bool = False) -
         assert len(batches) == len(sampler), f"len(sampler) is {len(sampler)} but it yielded {len(batches)} batches"
         assert batches and all(len(b) >= 2 for b in batches), "every batch needs at least 2 views"
         assert all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for b in batches for i in b), (
-            "batches must hold integer capture indices")
+            "batches must hold integer capture indices"
+        )
         assert all(0 <= int(i) < n for b in batches for i in b), "a batch holds an index outside the dataset"
         if two_view:
             for batch in batches:
                 half = len(batch) // 2
                 rows = [labels[int(i)] for i in batch]
                 assert len(batch) % 2 == 0 and rows[:half] == rows[half:] and len(set(rows[:half])) == half, (
-                    "two-view batches must be [first views of B distinct receipts; second views, same order]")
+                    "two-view batches must be [first views of B distinct receipts; second views, same order]"
+                )
         sampler.set_epoch(epoch)
         assert batches == [list(b) for b in sampler], "the same epoch must give the same batches (resumable runs)"
 
@@ -127,8 +134,10 @@ def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -
     labels = np.arange(items) // 3
     x = rng.normal(size=(labels.max() + 1, dim))[labels] + 0.5 * rng.normal(size=(items, dim))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{label:03d}", "device": f"d{i % 3}", "merchant": f"m{label % 4}"}
-            for i, label in enumerate(labels)]
+    rows = [
+        {"path": f"{i}.jpg", "receipt_id": f"r{label:03d}", "device": f"d{i % 3}", "merchant": f"m{label % 4}"}
+        for i, label in enumerate(labels)
+    ]
     import inspect
 
     try:
@@ -152,7 +161,8 @@ def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -
 
     first, second = run(), run()
     assert json.dumps(first["figures"], sort_keys=True) == json.dumps(second["figures"], sort_keys=True), (
-        "the same index must give the same figures")
+        "the same index must give the same figures"
+    )
 
 
 def load_plugin(path):

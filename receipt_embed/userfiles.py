@@ -36,9 +36,13 @@ def _kind(mode: int) -> str | None:
     """What a non-regular file is, in words (None for a regular file)."""
     if stat.S_ISREG(mode):
         return None
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -117,8 +121,9 @@ def read_regular(path: str | os.PathLike, max_bytes: int | None = DEFAULT_MAX_BY
     return data
 
 
-def read_regular_text(path: str | os.PathLike, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                      encoding: str = "utf-8") -> str:
+def read_regular_text(
+    path: str | os.PathLike, max_bytes: int | None = DEFAULT_MAX_BYTES, encoding: str = "utf-8"
+) -> str:
     """A regular text file, decoded; a decoding error propagates (callers name the line)."""
     return read_regular(path, max_bytes).decode(encoding)
 
@@ -131,5 +136,12 @@ def is_regular(path: str | os.PathLike) -> bool:
         return False
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "UnusableFile", "check_regular", "is_regular", "open_regular", "read_regular",
-           "read_regular_text"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "UnusableFile",
+    "check_regular",
+    "is_regular",
+    "open_regular",
+    "read_regular",
+    "read_regular_text",
+]

@@ -18,7 +18,11 @@ def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProce
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "receipt_embed", *map(str, args)],
-        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -38,8 +42,15 @@ def builtin_registry():
 
 
 # a model small enough to train one epoch on data_samples/ in seconds
-TINY_TRAINING = ["data.image_size=[64,32]", "train.batch_size=8", "train.eval_batch_size=64", "train.bn_recalibrate=32",
-                 "model.head_hidden=64", "model.head_dim=32", "train.epochs=1"]
+TINY_TRAINING = [
+    "data.image_size=[64,32]",
+    "train.batch_size=8",
+    "train.eval_batch_size=64",
+    "train.bn_recalibrate=32",
+    "model.head_hidden=64",
+    "model.head_dim=32",
+    "train.epochs=1",
+]
 
 
 def train_tiny(base: Path) -> tuple[Path, Path]:
@@ -50,8 +61,14 @@ def train_tiny(base: Path) -> tuple[Path, Path]:
     from receipt_embed.training.trainer import train
 
     ingest(REPO / "data_samples", base / "dataset", load_config().ingest)
-    train(load_config(overrides=TINY_TRAINING), base / "dataset", base / "run", builtin_registry(), progress=False,
-          log=lambda m: None)
+    train(
+        load_config(overrides=TINY_TRAINING),
+        base / "dataset",
+        base / "run",
+        builtin_registry(),
+        progress=False,
+        log=lambda m: None,
+    )
     return base / "dataset", base / "run" / "checkpoints" / "best.pt"
 
 

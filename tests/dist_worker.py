@@ -55,11 +55,23 @@ def main(out: str, loss_name: str, mode: str) -> None:
     x, labels = rows_for(inputs, ids)
     loss_fn = make_loss(loss_name)
     keys = momentum_keys(model, x) if loss_name == "moco" else None
-    loss = global_loss(loss_fn, ddp(x), labels, two_view=loss_name != "supcon", differentiable=mode == "differentiable",
-                       local_keys=keys)
+    loss = global_loss(
+        loss_fn,
+        ddp(x),
+        labels,
+        two_view=loss_name != "supcon",
+        differentiable=mode == "differentiable",
+        local_keys=keys,
+    )
     loss.backward()
-    torch.save({"loss": loss.detach(), "grads": [p.grad.detach().clone() for p in model.parameters()],
-                "state": {k: v.clone() for k, v in loss_fn.state_dict().items()}}, out)
+    torch.save(
+        {
+            "loss": loss.detach(),
+            "grads": [p.grad.detach().clone() for p in model.parameters()],
+            "state": {k: v.clone() for k, v in loss_fn.state_dict().items()},
+        },
+        out,
+    )
     shutdown()
 
 

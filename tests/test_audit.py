@@ -89,11 +89,17 @@ def _brute_force(x, labels, values):
     upper = np.triu(np.ones_like(sims, dtype=bool), 1)
     same = labels[:, None] == labels[None, :]
     same_value = values[:, None] == values[None, :]
-    return {"recall": recall, "map": np.mean(aps), "cross": np.mean(cross), "cross_queries": cross_queries,
-            "positive_mean": sims[upper & same].mean(), "negative_mean": sims[upper & ~same].mean(),
-            "same_attr_negative_mean": sims[upper & ~same & same_value].mean(),
-            "cross_attr_negative_mean": sims[upper & ~same & ~same_value].mean(),
-            "alignment": np.mean([np.sum((x[i] - x[j]) ** 2) for i, j in zip(*np.nonzero(upper & same))])}
+    return {
+        "recall": recall,
+        "map": np.mean(aps),
+        "cross": np.mean(cross),
+        "cross_queries": cross_queries,
+        "positive_mean": sims[upper & same].mean(),
+        "negative_mean": sims[upper & ~same].mean(),
+        "same_attr_negative_mean": sims[upper & ~same & same_value].mean(),
+        "cross_attr_negative_mean": sims[upper & ~same & ~same_value].mean(),
+        "alignment": np.mean([np.sum((x[i] - x[j]) ** 2) for i, j in zip(*np.nonzero(upper & same))]),
+    }
 
 
 def test_retrieval_and_similarity_figures_match_brute_force():
@@ -137,22 +143,32 @@ def indexes(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("audit")
     train_tiny(base)
-    result = run_cli("index", "--checkpoint", base / "run" / "checkpoints" / "best.pt", "--data", base / "dataset",
-                     "--out", base / "trained", "-q")
+    result = run_cli(
+        "index",
+        "--checkpoint",
+        base / "run" / "checkpoints" / "best.pt",
+        "--data",
+        base / "dataset",
+        "--out",
+        base / "trained",
+        "-q",
+    )
     assert result.returncode == 0, result.stderr
     rows = load_dataset_dir(base / "dataset")
     pixels = np.stack([load_resized(row["path"], (48, 24)).mean(axis=2).ravel() for row in rows]).astype(np.float32)
     np.save(base / "pixels.npy", pixels - pixels.mean(axis=1, keepdims=True))
-    result = run_cli("index", "--embeddings", base / "pixels.npy", "--manifest", base / "dataset", "--out",
-                     base / "pixels", "-q")
+    result = run_cli(
+        "index", "--embeddings", base / "pixels.npy", "--manifest", base / "dataset", "--out", base / "pixels", "-q"
+    )
     assert result.returncode == 0, result.stderr
     return base
 
 
 def test_audit_end_to_end_from_a_checkpoint(cli, indexes):
     out = indexes / "report"
-    result = cli("audit-shortcuts", indexes / "trained", "--attribute", "device", "--context-attribute", "merchant",
-                 "--out", out)
+    result = cli(
+        "audit-shortcuts", indexes / "trained", "--attribute", "device", "--context-attribute", "merchant", "--out", out
+    )
     assert result.returncode == 0, result.stderr
     audit = json.loads((out / "audit.json").read_text())
     assert audit["n_items"] == 180 and audit["n_identities"] == 60
@@ -161,12 +177,23 @@ def test_audit_end_to_end_from_a_checkpoint(cli, indexes):
     # merchant never varies within a receipt, so no query has a cross-merchant positive
     assert audit["retrieval"]["cross_attribute"]["merchant"] == {"recall_at_1": None, "n_queries": 0}
     for attribute in ("device", "merchant"):
-        assert {"knn_agreement", "base_rate", "lift", "lift_z", "probe_accuracy", "probe_chance", "probe_gain",
-                "flagged", "status"} <= set(audit["shortcuts"][attribute])
+        assert {
+            "knn_agreement",
+            "base_rate",
+            "lift",
+            "lift_z",
+            "probe_accuracy",
+            "probe_chance",
+            "probe_gain",
+            "flagged",
+            "status",
+        } <= set(audit["shortcuts"][attribute])
     assert audit["shortcuts"]["merchant"]["status"] == "context" and not audit["shortcuts"]["merchant"]["flagged"]
     assert "merchant (context, never flagged)" in result.stdout
     assert "NaN" not in (out / "audit.json").read_text()
-    assert {"positive_mean", "negative_mean", "same_attr_negative_mean", "cross_attr_negative_mean"} <= set(audit["similarity"])
+    assert {"positive_mean", "negative_mean", "same_attr_negative_mean", "cross_attr_negative_mean"} <= set(
+        audit["similarity"]
+    )
     assert {"alignment", "uniformity", "effective_rank", "min_dim_std"} <= set(audit["diagnostics"])
     assert result.stdout.splitlines()[0].startswith(("No shortcut flagged", "SHORTCUT:"))
     assert "cross-device recall@1" in result.stdout and "audit.html" in result.stdout
@@ -201,10 +228,21 @@ def test_audit_input_errors(cli, indexes, tmp_path):
     assert result.returncode == 2 and "does not exist" in result.stderr
     result = cli("audit-shortcuts", indexes / "trained", "--attribute", "receipt_id", "--out", tmp_path / "r")
     assert result.returncode == 2 and "receipt_id is the identity" in result.stderr
-    result = cli("audit-shortcuts", indexes / "trained", "--attribute", "height", "--attribute", "format",
-                 "--out", tmp_path / "r", "-q")
+    result = cli(
+        "audit-shortcuts",
+        indexes / "trained",
+        "--attribute",
+        "height",
+        "--attribute",
+        "format",
+        "--out",
+        tmp_path / "r",
+        "-q",
+    )
     assert result.returncode == 0, result.stderr
-    assert "not tested: height (it has" in result.stdout and "not tested: format (it has a single value" in result.stdout
+    assert (
+        "not tested: height (it has" in result.stdout and "not tested: format (it has a single value" in result.stdout
+    )
     (tmp_path / "file").write_text("x")
     result = cli("audit-shortcuts", indexes / "trained", "--out", tmp_path / "file")
     assert result.returncode == 2 and "is a file" in result.stderr
@@ -215,8 +253,12 @@ def test_report_renders_in_a_headless_browser(cli, indexes):
     pytest.importorskip("PyQt6.QtWebEngineWidgets", reason="PyQt6-WebEngine not installed")
     report = indexes / "browser"
     assert cli("audit-shortcuts", indexes / "pixels", "--out", report, "-q").returncode == 0
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "browser_check.py"), str(report / "audit.html")],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "browser_check.py"), str(report / "audit.html")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     if done.returncode == 3:
         pytest.skip(f"no headless browser could start: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -37,8 +37,10 @@ def test_help_does_not_import_torch(cli):
 def test_plugin_discovery_does_not_import_torch():
     """`receipt-embed plugins` from the repository root loads every example plugin; none may
     import torch at module level (discovery happens in every command)."""
-    code = ("import sys; from receipt_embed.cli import main\ntry:\n    main(['plugins'])\nexcept SystemExit: pass\n"
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from receipt_embed.cli import main\ntry:\n    main(['plugins'])\nexcept SystemExit: pass\n"
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert "same_merchant" in out.stdout and "hubness" in out.stdout and "metrics_csv" in out.stdout
     assert out.stdout.strip().endswith("False"), out.stderr
@@ -52,5 +54,7 @@ def test_unknown_command(cli):
 def test_global_option_after_the_command_says_where_it_goes(cli, tmp_path):
     result = cli("plugins", "--plugins-dir", "x", cwd=tmp_path)
     assert result.returncode == 2
-    assert ("--plugins-dir is an option of receipt-embed itself: put it before the command, "
-            "e.g. receipt-embed --plugins-dir DIR plugins ...") in result.stderr
+    assert (
+        "--plugins-dir is an option of receipt-embed itself: put it before the command, "
+        "e.g. receipt-embed --plugins-dir DIR plugins ..."
+    ) in result.stderr

@@ -11,8 +11,16 @@ from receipt_embed.config import ConfigError, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = [
-    "data.image_size", "train.epochs", "train.batch_size", "train.seed", "loss.name",
-    "loss.temperature", "model.encoder", "model.pretrained", "augment.preset", "sampler.name",
+    "data.image_size",
+    "train.epochs",
+    "train.batch_size",
+    "train.seed",
+    "loss.name",
+    "loss.temperature",
+    "model.encoder",
+    "model.pretrained",
+    "augment.preset",
+    "sampler.name",
 ]
 
 
@@ -38,7 +46,9 @@ def test_every_setting_has_a_comment_and_design_keys_exist():
 def test_file_then_overrides_merge_with_types(tmp_path):
     user = tmp_path / "exp.yaml"
     user.write_text("train:\n  epochs: 7\n  batch_size: 32\nloss:\n  params: {tau_plus: 0.1}\n")
-    config = load_config(user, ["train.epochs=9", "data.image_size=[320,160]", "loss.temperature=0.2", "model.pretrained=null"])
+    config = load_config(
+        user, ["train.epochs=9", "data.image_size=[320,160]", "loss.temperature=0.2", "model.pretrained=null"]
+    )
     assert config.train.epochs == 9 and config.train.batch_size == 32
     assert config.data.image_size == (320, 160)
     assert config.loss.temperature == 0.2 and config.loss.params == {"tau_plus": 0.1}
@@ -88,7 +98,11 @@ def test_cli_config_command(cli, tmp_path):
     bad = cli("config", "--set", "train.epoch=4")
     assert bad.returncode == 2
     assert "unknown config key 'train.epoch'; did you mean 'train.epochs'?" in bad.stderr
-    for key, kind in (("model.encoder", "encoder"), ("loss.name", "loss"), ("augment.preset", "augmentation"),
-                      ("sampler.name", "sampler")):
+    for key, kind in (
+        ("model.encoder", "encoder"),
+        ("loss.name", "loss"),
+        ("augment.preset", "augmentation"),
+        ("sampler.name", "sampler"),
+    ):
         unknown = cli("config", "--set", f"{key}=bogus")
         assert unknown.returncode == 2 and f"unknown {kind} 'bogus'. Available: " in unknown.stderr

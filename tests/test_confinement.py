@@ -74,8 +74,9 @@ def test_outside_paths_are_refused_named_and_never_embedded(hostile_index, outsi
 
 
 def test_images_root_allows_a_folder(hostile_index, outside, tmp_path):
-    result = run_cli("audit-shortcuts", hostile_index, "--out", tmp_path / "report", "--gallery", "4", "-q",
-                     "--images-root", outside)
+    result = run_cli(
+        "audit-shortcuts", hostile_index, "--out", tmp_path / "report", "--gallery", "4", "-q", "--images-root", outside
+    )
     assert result.returncode == 0, result.stderr
     assert "outside the dataset" not in result.stderr
     html = (tmp_path / "report" / "audit.html").read_text()
@@ -155,13 +156,20 @@ def test_loading_a_checkpoint_never_reads_model_pretrained(trained, tmp_path):
     config_dict["model"]["pretrained"] = "IMAGENET1K_V1"
     save_checkpoint(tmp_path / "tv.pt", {"model": model.state_dict(), "config": config_dict})
     assert isinstance(model.encoder, TorchvisionEncoder)
-    code = ("import sys; from receipt_embed.embedding import load_model, embed_paths; "
-            "from receipt_embed.plugin_manager import get_registry; "
-            f"m = load_model({str(tmp_path / 'tv.pt')!r}, get_registry()); print(embed_paths(m, [{image!r}]).shape)")
-    env = {**os.environ, "TORCH_HOME": str(tmp_path / "torch-home"), "https_proxy": "http://127.0.0.1:9",
-           "HTTPS_PROXY": "http://127.0.0.1:9"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import sys; from receipt_embed.embedding import load_model, embed_paths; "
+        "from receipt_embed.plugin_manager import get_registry; "
+        f"m = load_model({str(tmp_path / 'tv.pt')!r}, get_registry()); print(embed_paths(m, [{image!r}]).shape)"
+    )
+    env = {
+        **os.environ,
+        "TORCH_HOME": str(tmp_path / "torch-home"),
+        "https_proxy": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith("(1, ") and not (tmp_path / "torch-home").exists()
 
@@ -175,19 +183,25 @@ def test_library_calls_import_no_plugins_folder_unless_given(tmp_path):
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "evil.py").write_text(EVIL.format(marker=str(tmp_path / "MARKER")))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
-    code = ("import receipt_embed, torch; loss = receipt_embed.create_loss('ntxent'); "
-            "print(float(loss(torch.randn(8, 4), torch.arange(4).repeat(2))) > 0, "
-            "sorted(receipt_embed.get_registry().plugins))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import receipt_embed, torch; loss = receipt_embed.create_loss('ntxent'); "
+        "print(float(loss(torch.randn(8, 4), torch.arange(4).repeat(2))) > 0, "
+        "sorted(receipt_embed.get_registry().plugins))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("True") and "evil" not in result.stdout
     assert not (tmp_path / "MARKER").exists()
 
-    code = ("import receipt_embed; "
-            f"print(sorted(receipt_embed.get_registry(plugins_dir={str(tmp_path / 'plugins')!r}).plugins))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import receipt_embed; "
+        f"print(sorted(receipt_embed.get_registry(plugins_dir={str(tmp_path / 'plugins')!r}).plugins))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "evil" in result.stdout and (tmp_path / "MARKER").exists()
     (tmp_path / "MARKER").unlink()
 
@@ -203,7 +217,11 @@ def test_an_older_report_with_the_manifest_path_as_typed_still_finds_the_capture
     shutil.copytree(trained / "dataset", dataset)
     report = json.loads((dataset / "ingest_report.json").read_text())
     meta = {"source": {"kind": "checkpoint", "dataset": str(dataset)}}
-    for typed, root in (("data_samples/manifest.csv", (REPO / "data_samples").resolve()), ("manifest.csv", None),
-                        ("../x/manifest.csv", None), ("elsewhere/manifest.csv", None)):
+    for typed, root in (
+        ("data_samples/manifest.csv", (REPO / "data_samples").resolve()),
+        ("manifest.csv", None),
+        ("../x/manifest.csv", None),
+        ("elsewhere/manifest.csv", None),
+    ):
         (dataset / "ingest_report.json").write_text(json.dumps({**report, "source": typed}))
         assert recorded_roots(meta) == ([root] if root else []), typed

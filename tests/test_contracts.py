@@ -45,10 +45,15 @@ def test_samplers_keep_the_contract(name):
     from receipt_embed.sampling import build_sampler
 
     labels = np.repeat(np.arange(20), 3).tolist()
-    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{label}", "device": f"d{i % 3}", "merchant": f"m{label % 4}"}
-            for i, label in enumerate(labels)]
-    check_sampler(build_sampler(REGISTRY, name, labels, rows, 4, 0, {}), labels,
-                  two_view=name in {"unique_identity", "same_merchant"})
+    rows = [
+        {"path": f"{i}.jpg", "receipt_id": f"r{label}", "device": f"d{i % 3}", "merchant": f"m{label % 4}"}
+        for i, label in enumerate(labels)
+    ]
+    check_sampler(
+        build_sampler(REGISTRY, name, labels, rows, 4, 0, {}),
+        labels,
+        two_view=name in {"unique_identity", "same_merchant"},
+    )
 
 
 @pytest.mark.parametrize("name", _names("audit_check"))
@@ -59,7 +64,7 @@ def test_audit_checks_keep_the_contract(name):
 def test_the_checks_catch_broken_components():
     class IgnoresLabels(torch.nn.Module):
         def forward(self, z, labels):
-            return (z ** 2).mean()
+            return (z**2).mean()
 
     class OrderDependent(torch.nn.Module):
         def forward(self, z, labels):
@@ -100,10 +105,13 @@ def test_the_checks_catch_broken_components():
     class Interleaved:  # [a1, a2, b1, b2, ...]: fine for supcon, wrong for the two-view losses
         def __init__(self):
             self.epoch = 0
+
         def set_epoch(self, epoch):
             self.epoch = epoch
+
         def __len__(self):
             return 1
+
         def __iter__(self):
             return iter([[0, 1, 3, 4]])
 

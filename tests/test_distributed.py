@@ -24,11 +24,22 @@ def _free_port() -> int:
 
 
 def run_ranks(tmp_path: Path, loss: str, mode: str, world: int = 2) -> list[dict]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world),
-           "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "dist_worker.py"), str(tmp_path / f"r{r}.pt"), loss, mode],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
-             for r in range(world)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(world),
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "dist_worker.py"), str(tmp_path / f"r{r}.pt"), loss, mode],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
@@ -44,8 +55,11 @@ def single_process(loss: str) -> dict:
     else:
         value = loss_fn(model(x), labels)
     value.backward()
-    return {"loss": value.detach(), "grads": [p.grad.detach().clone() for p in model.parameters()],
-            "state": loss_fn.state_dict()}
+    return {
+        "loss": value.detach(),
+        "grads": [p.grad.detach().clone() for p in model.parameters()],
+        "state": loss_fn.state_dict(),
+    }
 
 
 @pytest.mark.parametrize("loss", ["ntxent", "supcon", "moco"])
@@ -87,10 +101,34 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
     from receipt_embed.ingest import ingest
 
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
-    tiny = ["--set", "data.image_size=[64,32]", "--set", "train.batch_size=8", "--set", "model.head_hidden=64",
-            "--set", "model.head_dim=32", "--set", "train.eval_batch_size=64", "--set", "train.bn_recalibrate=32"]
-    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--nproc", "2", "-q",
-                 "--set", "train.epochs=1", *tiny, timeout=600)
+    tiny = [
+        "--set",
+        "data.image_size=[64,32]",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "model.head_hidden=64",
+        "--set",
+        "model.head_dim=32",
+        "--set",
+        "train.eval_batch_size=64",
+        "--set",
+        "train.bn_recalibrate=32",
+    ]
+    result = cli(
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        "--nproc",
+        "2",
+        "-q",
+        "--set",
+        "train.epochs=1",
+        *tiny,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1  # one writer
@@ -102,18 +140,55 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
     assert "recall_at_1" in line["val"]["head"]
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert state["world_size"] == 2
-    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--resume", "-q",
-                 "--set", "train.epochs=2", *tiny)
+    result = cli(
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        "--resume",
+        "-q",
+        "--set",
+        "train.epochs=2",
+        *tiny,
+    )
     assert result.returncode == 2 and "resume it with the same number (--nproc 2), not 1" in result.stderr
-    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--resume", "--nproc", "2", "-q",
-                 "--set", "train.epochs=2", *tiny, timeout=600)
+    result = cli(
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        "--resume",
+        "--nproc",
+        "2",
+        "-q",
+        "--set",
+        "train.epochs=2",
+        *tiny,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [l["epoch"] for l in lines] == [1, 2] and lines[1]["world_size"] == 2
     result = cli("train", "--out", tmp_path / "run2", "--nproc", "2", "-q")
     assert result.returncode == 2 and "needs --data" in result.stderr
-    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run3", "--nproc", "2", "-q",
-                 "--set", "train.epochs=1", *tiny[:2], "--set", "train.batch_size=7", *tiny[4:])
+    result = cli(
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run3",
+        "--nproc",
+        "2",
+        "-q",
+        "--set",
+        "train.epochs=1",
+        *tiny[:2],
+        "--set",
+        "train.batch_size=7",
+        *tiny[4:],
+    )
     assert result.returncode == 2 and "does not split over 2 processes" in result.stderr  # checked before launching
     assert "Traceback" not in result.stderr
 
@@ -128,10 +203,34 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_saves(tmp_path):
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "receipt_embed", "train", "--data", str(tmp_path / "ds"), "--out", str(tmp_path / "run"),
-         "--nproc", "2", "-q", "--set", "train.epochs=200", "--set", "data.image_size=[64,32]",
-         "--set", "train.batch_size=8", "--set", "model.head_hidden=64", "--set", "model.head_dim=32"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "receipt_embed",
+            "train",
+            "--data",
+            str(tmp_path / "ds"),
+            "--out",
+            str(tmp_path / "run"),
+            "--nproc",
+            "2",
+            "-q",
+            "--set",
+            "train.epochs=200",
+            "--set",
+            "data.image_size=[64,32]",
+            "--set",
+            "train.batch_size=8",
+            "--set",
+            "model.head_hidden=64",
+            "--set",
+            "model.head_dim=32",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
@@ -149,10 +248,31 @@ def test_train_nproc_2_with_moco_keeps_one_queue(cli, tmp_path):
     from receipt_embed.ingest import ingest
 
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
-    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--nproc", "2", "-q",
-                 "--set", "train.epochs=1", "--set", "data.image_size=[64,32]", "--set", "train.batch_size=8",
-                 "--set", "model.head_hidden=64", "--set", "model.head_dim=32", "--set", "loss.name=moco",
-                 "--set", "loss.params={queue_size: 64, dim: 32, queue_init: empty}", timeout=600)
+    result = cli(
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        "--nproc",
+        "2",
+        "-q",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "data.image_size=[64,32]",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "model.head_hidden=64",
+        "--set",
+        "model.head_dim=32",
+        "--set",
+        "loss.name=moco",
+        "--set",
+        "loss.params={queue_size: 64, dim: 32, queue_init: empty}",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     # 6 steps x 16 global keys, into a queue of 64 that started empty: full, every slot labelled

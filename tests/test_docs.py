@@ -64,16 +64,28 @@ def test_plugin_tutorial_works_as_written(tmp_path):
     (tmp_path / "plugins").mkdir()
     (tmp_path / "tests").mkdir()
     (tmp_path / "plugins" / "pair_contrastive.py").write_text(_block("`plugins/pair_contrastive.py`:"))
-    (tmp_path / "tests" / "test_pair_contrastive.py").write_text(
-        _block("`tests/test_pair_contrastive.py`:"))
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/"],
-                           cwd=tmp_path, capture_output=True, text=True, env={**os.environ})
+    (tmp_path / "tests" / "test_pair_contrastive.py").write_text(_block("`tests/test_pair_contrastive.py`:"))
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    )
     assert tests.returncode == 0 and "2 passed" in tests.stdout, tests.stdout + tests.stderr
 
     # the tutorial's lazy import keeps plugin discovery free of torch
-    probe = subprocess.run([sys.executable, "-c", "import sys; from receipt_embed.cli import main\ntry:\n"
-                            "    main(['plugins'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"],
-                           cwd=tmp_path, capture_output=True, text=True)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from receipt_embed.cli import main\ntry:\n"
+            "    main(['plugins'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert probe.stdout.strip().endswith("False"), probe.stdout + probe.stderr
     listed = run_cli("plugins", cwd=tmp_path)
     assert f"pair_contrastive  [folder: {tmp_path / 'plugins' / 'pair_contrastive.py'}]" in listed.stdout
@@ -84,8 +96,20 @@ def test_plugin_tutorial_works_as_written(tmp_path):
     command = 'receipt-embed train --data dataset --out run --set loss.name=pair_contrastive --set "loss.params={margin: 0.3}"'
     assert command in GUIDE
     sets = [arg for item in TINY_TRAINING for arg in ("--set", item)]
-    result = run_cli("train", "--data", "dataset", "--out", "run", "--set", "loss.name=pair_contrastive",
-                     "--set", "loss.params={margin: 0.3}", "-q", *sets, cwd=tmp_path)
+    result = run_cli(
+        "train",
+        "--data",
+        "dataset",
+        "--out",
+        "run",
+        "--set",
+        "loss.name=pair_contrastive",
+        "--set",
+        "loss.params={margin: 0.3}",
+        "-q",
+        *sets,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert 0 < line["loss"] < 2 and "val" in line

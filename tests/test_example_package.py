@@ -24,9 +24,21 @@ def site(tmp_path_factory) -> Path:
     build = tmp_path_factory.mktemp("build")  # a copy, so the build leaves no files in the repository
     subprocess.run(["cp", "-r", str(PACKAGE), str(build)], check=True)
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(build / PACKAGE.name)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(build / PACKAGE.name),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
     return target
@@ -49,8 +61,23 @@ def test_train_uses_the_installed_loss(cli, tmp_path, site):
     env = {"PYTHONPATH": str(site)}
     assert cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", cwd=tmp_path).returncode == 0
     sets = [arg for item in TINY_TRAINING for arg in ("--set", item)]
-    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", "--set", "loss.name=batch_hard_triplet",
-                 "--set", "sampler.name=pk", "--set", "loss.params={margin: 0.3}", *sets, cwd=tmp_path, env=env)
+    result = cli(
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        "-q",
+        "--set",
+        "loss.name=batch_hard_triplet",
+        "--set",
+        "sampler.name=pk",
+        "--set",
+        "loss.params={margin: 0.3}",
+        *sets,
+        cwd=tmp_path,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     # the package's loss ran: its own statistics are in the metrics line
@@ -62,8 +89,23 @@ def test_train_uses_the_installed_loss(cli, tmp_path, site):
 def test_the_package_tests_pass_against_the_installed_copy(site):
     env = {**os.environ, "PYTHONPATH": str(site)}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(PACKAGE),
-         str(PACKAGE / "tests")], capture_output=True, text=True, env=env, cwd=PACKAGE,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "--rootdir",
+            str(PACKAGE),
+            str(PACKAGE / "tests"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PACKAGE,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 passed" in result.stdout
@@ -71,7 +113,9 @@ def test_the_package_tests_pass_against_the_installed_copy(site):
 
 def test_installed_package_keeps_discovery_free_of_torch(tmp_path, site):
     env = {**os.environ, "PYTHONPATH": str(site)}
-    code = ("import sys; from receipt_embed.cli import main\ntry:\n    main(['plugins'])\nexcept SystemExit: pass\n"
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from receipt_embed.cli import main\ntry:\n    main(['plugins'])\nexcept SystemExit: pass\n"
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert "batch_hard_triplet" in out.stdout and out.stdout.strip().endswith("False"), out.stdout + out.stderr

@@ -91,10 +91,30 @@ def test_train_uses_the_example_from_the_repository_root(cli, tmp_path, name):
     from receipt_embed.ingest import ingest
 
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
-    choice = {"thermal_paper": f"augment.preset={name}", "same_merchant": f"sampler.name={name}"}.get(name, f"loss.name={name}")
-    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", "--set", choice,
-                 "--set", "train.epochs=1", "--set", "data.image_size=[64,32]", "--set", "train.batch_size=8",
-                 "--set", "model.head_hidden=64", "--set", "model.head_dim=32", cwd=REPO)
+    choice = {"thermal_paper": f"augment.preset={name}", "same_merchant": f"sampler.name={name}"}.get(
+        name, f"loss.name={name}"
+    )
+    result = cli(
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        "-q",
+        "--set",
+        choice,
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "data.image_size=[64,32]",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "model.head_hidden=64",
+        "--set",
+        "model.head_dim=32",
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert np.isfinite(line["loss"])
@@ -107,7 +127,9 @@ def test_thermal_paper_preset_keeps_image_rules_and_is_reproducible(registry):
 
     info = registry.plugins[registry.get("augmentation", "thermal_paper").plugin]
     assert info.source == "folder"
-    image = np.asarray(Image.open(REPO / "data_samples" / "images" / "r0000_phone_a.jpg").convert("RGB").resize((90, 170)))
+    image = np.asarray(
+        Image.open(REPO / "data_samples" / "images" / "r0000_phone_a.jpg").convert("RGB").resize((90, 170))
+    )
     transform = registry.create("augmentation", "thermal_paper", image_size=(128, 64), fade=1.0, crumple=1.0)
     outputs = []
     for seed in (5, 5, 6):
@@ -161,7 +183,7 @@ def test_same_merchant_sampler_fills_batches_with_one_merchant(registry):
         assert set(receipts) == set(labels) and len(receipts) == 60 + 4  # each receipt, plus the tail fill
         assert sampler.stats["same_group_negatives"] == pytest.approx(same / pairs, abs=1e-4)
         everyone = sorted(set(labels))
-        all_same = sum(merchant[a] == merchant[b] for i, a in enumerate(everyone) for b in everyone[i + 1:])
+        all_same = sum(merchant[a] == merchant[b] for i, a in enumerate(everyone) for b in everyone[i + 1 :])
         assert sampler.stats["same_group_negatives_random"] == pytest.approx(all_same / (60 * 59 / 2), abs=1e-4)
         assert same / pairs > 4 * all_same / (60 * 59 / 2)  # ~0.5 against ~0.11 at random
 
@@ -170,8 +192,11 @@ def test_same_merchant_sampler_errors_name_the_row_or_receipt(registry):
     from receipt_embed.sampling import build_sampler
 
     rows, labels = _sample_rows()
-    with pytest.raises(ValueError, match=r"column 'merchnt' is missing from manifest row 1 \(images/r0000_phone_a.jpg\) "
-                                         r"\(did you mean 'merchant'\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"column 'merchnt' is missing from manifest row 1 \(images/r0000_phone_a.jpg\) "
+        r"\(did you mean 'merchant'\?\)",
+    ):
         build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"column": "merchnt"})
     with pytest.raises(ValueError, match="column 'device' varies within receipt 'r0000'"):
         build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"column": "device"})
@@ -225,8 +250,14 @@ def test_metrics_csv_mirrors_metrics_jsonl_through_on_epoch_end(tmp_path):
 
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
     registry = registry_with_examples()
-    train(load_config(overrides=[*TINY_TRAINING, "train.epochs=2"]), tmp_path / "ds", tmp_path / "run", registry,
-          progress=False, log=lambda m: None)
+    train(
+        load_config(overrides=[*TINY_TRAINING, "train.epochs=2"]),
+        tmp_path / "ds",
+        tmp_path / "run",
+        registry,
+        progress=False,
+        log=lambda m: None,
+    )
     lines = [json.loads(t) for t in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     table = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
     assert [int(r["epoch"]) for r in table] == [1, 2]

@@ -13,7 +13,7 @@ from conftest import REPO, TINY_TRAINING
 
 from receipt_embed.plugin_manager import PluginHookWarning, PluginLoader, PluginLoadError
 
-RECORDER = '''
+RECORDER = """
 import json
 from receipt_embed.hookspecs import hookimpl
 
@@ -23,24 +23,24 @@ def on_epoch_end(run_dir, epoch, metrics, model, config):
         handle.write(json.dumps({"epoch": epoch, "metrics": metrics, "training": model.training,
                                  "last_saved": (run_dir / "checkpoints" / "last.pt").exists(),
                                  "loss": config.loss.name, "run_dir": str(run_dir)}) + "\\n")
-'''
+"""
 
-ONLY_EPOCH = '''
+ONLY_EPOCH = """
 from receipt_embed.hookspecs import hookimpl
 CALLS = []
 
 @hookimpl
 def on_epoch_end(epoch):  # pluggy passes only the arguments an implementation names
     CALLS.append(epoch)
-'''
+"""
 
-BROKEN_TRACKER = '''
+BROKEN_TRACKER = """
 from receipt_embed.hookspecs import hookimpl
 
 @hookimpl
 def on_epoch_end(epoch):
     raise ConnectionError("tracker offline")
-'''
+"""
 
 
 def _registry(folder: Path, strict: bool = False, **plugins: str):
@@ -76,7 +76,9 @@ def _train(registry, dataset, run_dir, epochs=2):
 def test_on_epoch_end_sees_each_epoch_after_its_checkpoint(tmp_path, dataset):
     registry = _registry(tmp_path / "plugins", recorder=RECORDER, only_epoch=ONLY_EPOCH, broken_tracker=BROKEN_TRACKER)
     run = tmp_path / "run"
-    with pytest.warns(PluginHookWarning, match="'broken_tracker' failed in on_epoch_end \\(epoch \\d\\).*tracker offline") as caught:
+    with pytest.warns(
+        PluginHookWarning, match="'broken_tracker' failed in on_epoch_end \\(epoch \\d\\).*tracker offline"
+    ) as caught:
         result = _train(registry, dataset, run)
     assert len([w for w in caught if issubclass(w.category, PluginHookWarning)]) == 2  # once per epoch
     calls = [json.loads(line) for line in (run / "hook_calls.jsonl").read_text().splitlines()]
@@ -106,11 +108,14 @@ def test_on_epoch_end_strict_failure_on_the_command_line(cli, tmp_path, dataset)
     sets = [arg for item in TINY_TRAINING for arg in ("--set", item)]
     result = cli("--strict-plugins", "train", "--data", dataset, "--out", tmp_path / "run", "-q", *sets, cwd=tmp_path)
     assert result.returncode == 2
-    assert "Error: plugin 'broken_tracker' failed in on_epoch_end (epoch 1) (--strict-plugins): ConnectionError: tracker offline" in result.stderr
+    assert (
+        "Error: plugin 'broken_tracker' failed in on_epoch_end (epoch 1) (--strict-plugins): ConnectionError: tracker offline"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
-NEIGHBOUR_CHECK = '''
+NEIGHBOUR_CHECK = """
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -134,16 +139,16 @@ def make():
 @hookimpl
 def register_audit_checks(register):
     register("top1", make, description="share of items whose nearest neighbour is their receipt")
-'''
+"""
 
-MALFORMED_CHECK = '''
+MALFORMED_CHECK = """
 from receipt_embed.hookspecs import hookimpl
 
 @hookimpl
 def register_audit_checks(register):
     register("malformed", lambda: (lambda context: [1, 2, 3]))
     register("check_itself", lambda context: {"figures": {}})  # the check registered instead of its factory
-'''
+"""
 
 
 def _index(tmp_path, alpha=1.6):
@@ -201,8 +206,19 @@ def test_flagged_check_fails_the_ci_gate_and_a_malformed_one_is_reported(cli, tm
     plugins.mkdir()
     (plugins / "neighbour_check.py").write_text(NEIGHBOUR_CHECK.replace("same < 0.99", "True"))
     (plugins / "malformed_check.py").write_text(MALFORMED_CHECK)
-    result = cli("--plugins-dir", plugins, "audit-shortcuts", index, "--out", tmp_path / "r", "--fail-on-shortcut",
-                 "--gallery", "0", "-q", cwd=tmp_path)
+    result = cli(
+        "--plugins-dir",
+        plugins,
+        "audit-shortcuts",
+        index,
+        "--out",
+        tmp_path / "r",
+        "--fail-on-shortcut",
+        "--gallery",
+        "0",
+        "-q",
+        cwd=tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     assert "CHECK top1 (neighbour_check): top-1 neighbour is the same receipt" in result.stdout
     assert "audit check 'malformed' (plugin 'malformed_check') failed" in result.stderr
@@ -213,12 +229,34 @@ def test_flagged_check_fails_the_ci_gate_and_a_malformed_one_is_reported(cli, tm
     assert "missing 1 required positional argument: 'context'" in saved["checks"]["check_itself"]["error"]
     assert saved["flagged_checks"] == ["top1"] and saved["flagged"] == []
     # the same gate without the plugins folder passes: the flag came from the check
-    clean = cli("--plugins-dir", tmp_path / "none", "audit-shortcuts", index, "--out", tmp_path / "r2",
-                "--fail-on-shortcut", "--gallery", "0", "-q", cwd=tmp_path)
+    clean = cli(
+        "--plugins-dir",
+        tmp_path / "none",
+        "audit-shortcuts",
+        index,
+        "--out",
+        tmp_path / "r2",
+        "--fail-on-shortcut",
+        "--gallery",
+        "0",
+        "-q",
+        cwd=tmp_path,
+    )
     assert clean.returncode == 0, clean.stdout + clean.stderr
     # strict: the malformed check stops the audit with a one-line error
-    strict = cli("--strict-plugins", "--plugins-dir", plugins, "audit-shortcuts", index, "--out", tmp_path / "r3",
-                 "--gallery", "0", "-q", cwd=tmp_path)
+    strict = cli(
+        "--strict-plugins",
+        "--plugins-dir",
+        plugins,
+        "audit-shortcuts",
+        index,
+        "--out",
+        tmp_path / "r3",
+        "--gallery",
+        "0",
+        "-q",
+        cwd=tmp_path,
+    )
     assert strict.returncode == 2 and "(--strict-plugins)" in strict.stderr and "Traceback" not in strict.stderr
 
 
@@ -228,16 +266,28 @@ def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
 
     def audit(*extra, out):
         # the repository's plugins/ folder holds the hubness check
-        return cli("--plugins-dir", REPO / "plugins", "audit-shortcuts", index, "--out", tmp_path / out, "--gallery", "0",
-                   "-q", *extra, cwd=tmp_path)
+        return cli(
+            "--plugins-dir",
+            REPO / "plugins",
+            "audit-shortcuts",
+            index,
+            "--out",
+            tmp_path / out,
+            "--gallery",
+            "0",
+            "-q",
+            *extra,
+            cwd=tmp_path,
+        )
 
     default = audit(out="a")
     assert default.returncode == 0, default.stderr
     hubness = json.loads((tmp_path / "a" / "audit.json").read_text())["checks"]["hubness"]
     assert not hubness["flagged"] and hubness["figures"]["k"] == 10
     # a threshold below the measured skewness flags it (120 items >= min_items 50)
-    strict = audit("--check-set", f"hubness.max_skewness={hubness['figures']['skewness'] - 0.01}",
-                   "--fail-on-shortcut", out="b")
+    strict = audit(
+        "--check-set", f"hubness.max_skewness={hubness['figures']['skewness'] - 0.01}", "--fail-on-shortcut", out="b"
+    )
     assert strict.returncode == 1 and "CHECK hubness (hubness): k-occurrence skewness" in strict.stdout
     skipped = audit("--skip-check", "hubness", out="c")
     assert skipped.returncode == 0, skipped.stderr
@@ -248,7 +298,10 @@ def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
     assert typo.returncode == 2 and "--check-set: no audit check 'hubnes' (did you mean 'hubness'?)" in typo.stderr
     bad_param = audit("--check-set", "hubness.max_skew=3", out="e")
     assert bad_param.returncode == 2
-    assert "its --check-set may set max_skewness, min_items (did you mean 'max_skewness' for 'max_skew'?)" in bad_param.stderr
+    assert (
+        "its --check-set may set max_skewness, min_items (did you mean 'max_skewness' for 'max_skew'?)"
+        in bad_param.stderr
+    )
     assert audit("--check-set", "hubness=3", out="f").returncode == 2
     # values read like --set values, and recorded with the results
     audit("--check-set", "hubness.max_skewness=1e1", "--check-set", "hubness.min_items=50", out="g")

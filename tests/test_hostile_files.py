@@ -40,6 +40,7 @@ HANG = 60  # seconds a CLI run may take before it counts as hung
 @contextmanager
 def deadline(seconds: float = 5.0):
     """Fail (instead of hanging the suite) when the body blocks, e.g. on opening a FIFO."""
+
     def expire(signum, frame):
         raise TimeoutError(f"blocked for more than {seconds}s")
 
@@ -61,6 +62,7 @@ def _jpeg(seed: int, size=(40, 80), pad: int = 0) -> bytes:
 
 def _png_bomb(width: int = 100_000, height: int = 100_000) -> bytes:
     """A PNG whose header declares 10^10 pixels but holds almost no data."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
@@ -93,6 +95,7 @@ def trained(tmp_path_factory):
 
 # --- ingest: capture rows ---------------------------------------------------------------
 
+
 def test_hostile_rows_are_rejected_with_reasons_and_never_hang(tmp_path):
     caps = tmp_path / "caps"
     caps.mkdir()
@@ -105,21 +108,39 @@ def test_hostile_rows_are_rejected_with_reasons_and_never_hang(tmp_path):
     os.symlink("loop_a.jpg", caps / "loop_b.jpg")
     (caps / "folder.jpg").mkdir()
     rows = [
-        ("good0.jpg", "r1"), ("pipe.jpg", "r2"), ("loop_a.jpg", "r3"), ("nul\0byte.jpg", "r4"),
-        ("x" * 300 + ".jpg", "r5"), ("big.jpg", "r6"), ("bomb.png", "r7"), ("/dev/zero", "r8"),
-        ("folder.jpg", "r9"), ("good1.jpg", "r1"), ("good2.jpg", "r10"),
+        ("good0.jpg", "r1"),
+        ("pipe.jpg", "r2"),
+        ("loop_a.jpg", "r3"),
+        ("nul\0byte.jpg", "r4"),
+        ("x" * 300 + ".jpg", "r5"),
+        ("big.jpg", "r6"),
+        ("bomb.png", "r7"),
+        ("/dev/zero", "r8"),
+        ("folder.jpg", "r9"),
+        ("good1.jpg", "r1"),
+        ("good2.jpg", "r10"),
     ]
     (caps / "manifest.jsonl").write_text(
-        "".join(json.dumps({"path": p, "receipt_id": r, "device": "phone"}) + "\n" for p, r in rows))
+        "".join(json.dumps({"path": p, "receipt_id": r, "device": "phone"}) + "\n" for p, r in rows)
+    )
     started = time.monotonic()
-    result = run_cli("ingest", caps, "--out", tmp_path / "out", "--max-bytes", "30000", "--allow-absolute-paths",
-                     "-q", timeout=HANG)
+    result = run_cli(
+        "ingest", caps, "--out", tmp_path / "out", "--max-bytes", "30000", "--allow-absolute-paths", "-q", timeout=HANG
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and time.monotonic() - started < HANG
     report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
     reasons = {entry["line"]: entry["reason"] for entry in report["rejected"]}
-    assert reasons == {2: "not_a_file", 3: "unresolvable_path", 4: "unresolvable_path", 5: "unresolvable_path",
-                       6: "too_large", 7: "too_many_pixels", 8: "not_a_file", 9: "not_a_file"}
+    assert reasons == {
+        2: "not_a_file",
+        3: "unresolvable_path",
+        4: "unresolvable_path",
+        5: "unresolvable_path",
+        6: "too_large",
+        7: "too_many_pixels",
+        8: "not_a_file",
+        9: "not_a_file",
+    }
     details = {entry["line"]: entry["detail"] for entry in report["rejected"]}
     assert "pipe.jpg" in details[2] and "FIFO" in details[2]
     assert "symbolic links" in details[3] and "NUL byte" in details[4] and "too long" in details[5]
@@ -134,8 +155,9 @@ def test_hostile_rows_are_rejected_with_reasons_and_never_hang(tmp_path):
 
 def test_manifest_columns_that_ingest_writes_are_refused(tmp_path):
     (tmp_path / "a.jpg").write_bytes(_jpeg(0))
-    (tmp_path / "manifest.csv").write_text("path,receipt_id,device,sha256,duplicate_conflict,split\n"
-                                           "a.jpg,r1,phone,abc,true,train\n")
+    (tmp_path / "manifest.csv").write_text(
+        "path,receipt_id,device,sha256,duplicate_conflict,split\na.jpg,r1,phone,abc,true,train\n"
+    )
     with pytest.raises(ManifestError, match=r"column\(s\) sha256, duplicate_conflict are written by ingest") as caught:
         ingest(tmp_path, tmp_path / "out", _settings())
     assert "'sha256' -> 'sha256_given'" in str(caught.value)
@@ -147,6 +169,7 @@ def test_manifest_columns_that_ingest_writes_are_refused(tmp_path):
 
 
 # --- the manifest and the config ------------------------------------------------------
+
 
 def test_fifo_and_device_manifests_are_refused_quickly(tmp_path):
     os.mkfifo(tmp_path / "pipe.csv")
@@ -181,6 +204,7 @@ def test_fifo_config_file_is_refused(tmp_path):
 
 # --- decoding for the training cache, embedding and thumbnails -------------------------
 
+
 def test_bomb_in_the_image_cache_is_refused_from_its_header(tmp_path):
     (tmp_path / "ok.jpg").write_bytes(_jpeg(0))
     (tmp_path / "bomb.png").write_bytes(_png_bomb())
@@ -199,8 +223,12 @@ def test_fifo_devices_and_oversized_files_never_reach_the_decoder(tmp_path):
     os.mkfifo(tmp_path / "pipe.jpg")
     (tmp_path / "big.jpg").write_bytes(_jpeg(0, pad=5000))
     with deadline():
-        for path, reason in ((tmp_path / "pipe.jpg", "not_a_file"), ("/dev/zero", "not_a_file"),
-                             (tmp_path, "not_a_file"), (tmp_path / "gone.jpg", "missing_file")):
+        for path, reason in (
+            (tmp_path / "pipe.jpg", "not_a_file"),
+            ("/dev/zero", "not_a_file"),
+            (tmp_path, "not_a_file"),
+            (tmp_path / "gone.jpg", "missing_file"),
+        ):
             with pytest.raises(UnusableFile) as caught:
                 ImageCache([str(path)], (20, 10))
             assert caught.value.reason == reason and str(path) in str(caught.value)
@@ -210,6 +238,7 @@ def test_fifo_devices_and_oversized_files_never_reach_the_decoder(tmp_path):
 
 
 # --- captures replaced after ingest -----------------------------------------------------
+
 
 def _a_train_capture(dataset: Path) -> dict:
     return next(row for row in load_dataset_dir(dataset) if row["split"] == "train")
@@ -229,8 +258,15 @@ def test_touched_file_passes_and_old_dataset_dirs_are_not_checked(small_dataset)
 def test_train_refuses_a_capture_replaced_since_ingest(small_dataset, tmp_path):
     row = _a_train_capture(small_dataset)
     Path(row["path"]).write_bytes(_jpeg(123, size=(44, 88)))
-    result = run_cli("train", "--data", small_dataset, "--out", tmp_path / "run",
-                     *[arg for item in TINY_TRAINING for arg in ("--set", item)], timeout=HANG)
+    result = run_cli(
+        "train",
+        "--data",
+        small_dataset,
+        "--out",
+        tmp_path / "run",
+        *[arg for item in TINY_TRAINING for arg in ("--set", item)],
+        timeout=HANG,
+    )
     assert result.returncode == 2, result.stderr
     assert f"{row['path']} changed since ingest" in result.stderr and f"was {row['bytes']}" in result.stderr
     assert "re-run `receipt-embed ingest`" in result.stderr and "Traceback" not in result.stderr
@@ -253,8 +289,9 @@ def test_index_refuses_replaced_captures_by_size_and_by_content(small_dataset, t
         index_dataset(checkpoint, small_dataset, tmp_path / "ix", builtin_registry())
     assert not (tmp_path / "ix" / "index.json").exists()
     Path(row["path"]).write_bytes(original + b"\0")
-    result = run_cli("index", "--checkpoint", checkpoint, "--data", small_dataset, "--out", tmp_path / "ix2", "-q",
-                     timeout=HANG)
+    result = run_cli(
+        "index", "--checkpoint", checkpoint, "--data", small_dataset, "--out", tmp_path / "ix2", "-q", timeout=HANG
+    )
     assert result.returncode == 2 and f"{len(original) + 1} bytes, was {len(original)}" in result.stderr
     Path(row["path"]).write_bytes(original)
     os.utime(row["path"], ns=(row["mtime_ns"], row["mtime_ns"]))
@@ -264,6 +301,7 @@ def test_index_refuses_replaced_captures_by_size_and_by_content(small_dataset, t
 
 
 # --- search queries and index dirs ------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def checkpoint_index(trained, tmp_path_factory):
@@ -350,6 +388,7 @@ def test_fifo_shard_embeddings_and_checkpoint_are_refused(trained, tmp_path):
         for path, what in ((tmp_path / "pipe", "FIFO"), (tmp_path, "directory"), ("/dev/zero", "character device")):
             with pytest.raises(CheckpointError, match=f"is not a checkpoint: is a {what}"):
                 load_checkpoint(path)
-    result = run_cli("index", "--embeddings", tmp_path / "pipe", "--manifest", dataset, "--out", tmp_path / "e",
-                     timeout=HANG)
+    result = run_cli(
+        "index", "--embeddings", tmp_path / "pipe", "--manifest", dataset, "--out", tmp_path / "e", timeout=HANG
+    )
     assert result.returncode == 2 and "pipe: is a FIFO" in result.stderr

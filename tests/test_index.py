@@ -42,7 +42,12 @@ def test_index_dir_holds_normalised_backbone_features_in_manifest_order(trained,
     expected = embed_paths(loaded, heldout.paths, "backbone")
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
     assert meta["count"] == len(heldout) == 18 and meta["dim"] == loaded.model.encoder.feature_dim
-    assert (meta["metric"], meta["factory"], meta["exact"], meta["features"]) == ("inner_product", "Flat", True, "backbone")
+    assert (meta["metric"], meta["factory"], meta["exact"], meta["features"]) == (
+        "inner_product",
+        "Flat",
+        True,
+        "backbone",
+    )
     assert meta["source"]["checkpoint_sha256"] == sha256_file(checkpoint)
     assert meta["source"]["split"] == "heldout"
     for name, entry in meta["files"].items():
@@ -126,8 +131,10 @@ def test_damaged_index_dir_is_a_clear_error(heldout_index, tmp_path, damage):
         lines = (broken / "items.jsonl").read_text().splitlines()
         (broken / "items.jsonl").write_text("\n".join(lines[:-1]) + "\n")
         meta = json.loads((broken / "index.json").read_text())
-        meta["files"]["items.jsonl"] = {"sha256": sha256_file(broken / "items.jsonl"),
-                                        "bytes": (broken / "items.jsonl").stat().st_size}
+        meta["files"]["items.jsonl"] = {
+            "sha256": sha256_file(broken / "items.jsonl"),
+            "bytes": (broken / "items.jsonl").stat().st_size,
+        }
         (broken / "index.json").write_text(json.dumps(meta))
         message = "items.jsonl has 17 rows"
     else:
@@ -198,7 +205,12 @@ def test_all_pairs_cli_marks_same_receipt(cli, tmp_path):
         writer = csv.writer(handle)
         writer.writerow(["path", "receipt_id", "device"])
         writer.writerows([[f"img{i}.jpg", f"r{label}", f"d{i % 3}"] for i, label in enumerate(labels)])
-    assert cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix").returncode == 0
+    assert (
+        cli(
+            "index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix"
+        ).returncode
+        == 0
+    )
     result = cli("search", tmp_path / "ix", "--all-pairs", "--threshold", "0.75", "--out", tmp_path / "pairs.csv")
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(open(tmp_path / "pairs.csv")))
@@ -210,7 +222,9 @@ def test_all_pairs_cli_marks_same_receipt(cli, tmp_path):
     assert sum(row["same_receipt"] == "true" for row in rows) == same
     assert f"{len(rows)} pairs" in result.stdout and f"{same} same receipt" in result.stdout
     first = rows[0]
-    assert first["receipt_id_a"] == f"r{labels[int(first['row_a'])]}" and first["path_a"].endswith(f"img{first['row_a']}.jpg")
+    assert first["receipt_id_a"] == f"r{labels[int(first['row_a'])]}" and first["path_a"].endswith(
+        f"img{first['row_a']}.jpg"
+    )
 
 
 @pytest.mark.parametrize("factory", ["IVF8,Flat", "HNSW16", "IVF4,PQ4x4"])
@@ -224,7 +238,9 @@ def test_approximate_index_records_its_measured_recall(tmp_path, factory):
     below = [w for w in caught if "stays below the target 0.9" in str(w.message)]
     assert bool(below) == (built.recall_at_10 < 0.9)
     items = [{"path": f"{i}.jpg", "receipt_id": str(i // 3)} for i in range(len(x))]
-    write_index_dir(tmp_path, built, x, items, {"kind": "embeddings", "embeddings": "x.npy", "embeddings_sha256": "0"}, None)
+    write_index_dir(
+        tmp_path, built, x, items, {"kind": "embeddings", "embeddings": "x.npy", "embeddings_sha256": "0"}, None
+    )
     loaded = load_index_dir(tmp_path)
     meta = loaded.meta
     assert not meta["exact"] and meta["recall_queries"] == 200
@@ -302,8 +318,17 @@ def test_unusable_inputs_are_clear_errors(cli, trained, heldout_index, tmp_path)
     (tmp_path / "x.csv").write_text("1,2\n3,4\n")
     result = cli("index", "--embeddings", tmp_path / "x.csv", "--manifest", dataset, "--out", tmp_path / "b")
     assert result.returncode == 2 and "not a .npy file" in result.stderr
-    result = cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", dataset, "--features", "head",
-                 "--out", tmp_path / "c")
+    result = cli(
+        "index",
+        "--embeddings",
+        tmp_path / "x.npy",
+        "--manifest",
+        dataset,
+        "--features",
+        "head",
+        "--out",
+        tmp_path / "c",
+    )
     assert result.returncode == 2 and "--features are for embedding images" in result.stderr
     query = load_index_dir(heldout_index).items[0]["path"]
     result = cli("search", heldout_index, query, "--out", tmp_path / "p.csv")
@@ -314,7 +339,9 @@ def test_unusable_inputs_are_clear_errors(cli, trained, heldout_index, tmp_path)
     assert result.returncode == 2 and "2 of 3 query images" in result.stderr
     assert "note.txt" in result.stderr and "gone.jpg: not found" in result.stderr
     result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.99", "--out", "-")
-    assert result.returncode == 0 and result.stdout.startswith("row_a,row_b,similarity") and "pairs with" in result.stderr
+    assert (
+        result.returncode == 0 and result.stdout.startswith("row_a,row_b,similarity") and "pairs with" in result.stderr
+    )
 
 
 def test_small_training_sets_and_missed_targets_are_explained():
@@ -333,11 +360,30 @@ def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
     whole = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "whole", "-q")
     assert whole.returncode == 0, whole.stderr
     for i in range(3):
-        result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", f"{i}/3",
-                     "--out", tmp_path / f"s{i}", "-q")
+        result = cli(
+            "index",
+            "--checkpoint",
+            checkpoint,
+            "--data",
+            dataset,
+            "--shard",
+            f"{i}/3",
+            "--out",
+            tmp_path / f"s{i}",
+            "-q",
+        )
         assert result.returncode == 0 and f"shard {i}/3" in result.stdout, result.stderr
-    result = cli("index-merge", tmp_path / "s2", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "merged",
-                 "--factory", "IVF4,Flat", "-q")
+    result = cli(
+        "index-merge",
+        tmp_path / "s2",
+        tmp_path / "s0",
+        tmp_path / "s1",
+        "--out",
+        tmp_path / "merged",
+        "--factory",
+        "IVF4,Flat",
+        "-q",
+    )
     assert result.returncode == 0, result.stderr
     merged, reference = load_index_dir(tmp_path / "merged"), load_index_dir(tmp_path / "whole")
     assert merged.items == reference.items  # row order restored whatever the argument order
@@ -352,15 +398,38 @@ def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
     assert result.returncode == 2 and "missing shard(s) 2/3" in result.stderr
     result = cli("index-merge", tmp_path / "s0", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "m3")
     assert result.returncode == 2 and "shard 0/3 given twice" in result.stderr
-    cli("index", "--checkpoint", checkpoint, "--data", dataset, "--split", "heldout", "--shard", "2/3",
-        "--out", tmp_path / "other", "-q")
+    cli(
+        "index",
+        "--checkpoint",
+        checkpoint,
+        "--data",
+        dataset,
+        "--split",
+        "heldout",
+        "--shard",
+        "2/3",
+        "--out",
+        tmp_path / "other",
+        "-q",
+    )
     result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "other", "--out", tmp_path / "m4")
     assert result.returncode == 2 and "shards differ in split" in result.stderr
     for bad in ("3/3", "1-3", "0/0"):
         result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", bad, "--out", tmp_path / "x")
         assert result.returncode == 2 and "--shard takes i/n" in result.stderr
-    result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "0/2", "--factory", "HNSW32",
-                 "--out", tmp_path / "x")
+    result = cli(
+        "index",
+        "--checkpoint",
+        checkpoint,
+        "--data",
+        dataset,
+        "--shard",
+        "0/2",
+        "--factory",
+        "HNSW32",
+        "--out",
+        tmp_path / "x",
+    )
     assert result.returncode == 2 and "--factory belong(s) to `index-merge`" in result.stderr
     result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "s2", "--out", tmp_path / "s1")
     assert result.returncode == 2 and "is one of the shards being merged" in result.stderr
@@ -372,7 +441,18 @@ def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
     original = manifest.read_text()
     try:  # same dataset path, different contents: another machine's copy, or a re-ingest
         manifest.write_text("".join(reversed(original.splitlines(keepends=True))))
-        cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "2/3", "--out", tmp_path / "changed", "-q")
+        cli(
+            "index",
+            "--checkpoint",
+            checkpoint,
+            "--data",
+            dataset,
+            "--shard",
+            "2/3",
+            "--out",
+            tmp_path / "changed",
+            "-q",
+        )
     finally:
         manifest.write_text(original)
     result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "changed", "--out", tmp_path / "m6")
@@ -389,7 +469,9 @@ def _pairs_index(tmp_path, receipt_ids):
         writer = csv.writer(handle)
         writer.writerow(["path", "receipt_id", "device"])
         writer.writerows([[f"img{i}.jpg", receipt_ids[i % len(receipt_ids)], "d"] for i in range(len(x))])
-    build = run_cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix")
+    build = run_cli(
+        "index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix"
+    )
     assert build.returncode == 0, build.stderr
     return tmp_path / "ix"
 
@@ -425,9 +507,22 @@ def test_all_pairs_on_a_terminal_escapes_control_characters(tmp_path):
 
     evil = "r0\x1b[2K\rDUPLICATE of receipt EVIL\x07"
     assert terminal_safe((0, 1, "1.0", "true", evil), on_terminal=False)[4] == evil
-    assert terminal_safe((0, 1, "1.0", "true", evil), on_terminal=True)[4] == "r0\\x1b[2K\\rDUPLICATE of receipt EVIL\\x07"
+    assert (
+        terminal_safe((0, 1, "1.0", "true", evil), on_terminal=True)[4] == "r0\\x1b[2K\\rDUPLICATE of receipt EVIL\\x07"
+    )
     index = _pairs_index(tmp_path, [evil, "r1"])
-    args = [sys.executable, "-m", "receipt_embed", "search", str(index), "--all-pairs", "--threshold", "0.9", "--out", "-"]
+    args = [
+        sys.executable,
+        "-m",
+        "receipt_embed",
+        "search",
+        str(index),
+        "--all-pairs",
+        "--threshold",
+        "0.9",
+        "--out",
+        "-",
+    ]
     piped = subprocess.run(args, capture_output=True, timeout=120)
     assert piped.returncode == 0 and evil.encode() in piped.stdout
     leader, follower = pty.openpty()

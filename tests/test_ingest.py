@@ -55,21 +55,21 @@ def bad_folder(tmp_path):
     (images / "huge.png").write_bytes(_png(Image.new("L", (300, 300), 255)))
     (tmp_path / "outside.jpg").write_bytes(_jpeg(20))
     rows = [
-        "images/good0.jpg,r1,phone",      # line 2
-        "images/good1.jpg,r1,scanner",    # 3
-        "images/good2.jpg,r2,phone",      # 4
-        "images/missing.jpg,r3,phone",    # 5 missing_file
-        "images/empty.jpg,r3,phone",      # 6 empty_file
+        "images/good0.jpg,r1,phone",  # line 2
+        "images/good1.jpg,r1,scanner",  # 3
+        "images/good2.jpg,r2,phone",  # 4
+        "images/missing.jpg,r3,phone",  # 5 missing_file
+        "images/empty.jpg,r3,phone",  # 6 empty_file
         "images/truncated.jpg,r4,phone",  # 7 truncated
-        "images/text.jpg,r4,phone",       # 8 not_an_image
-        "images/icon.ico,r5,phone",       # 9 unsupported_format
-        "images/huge.png,r5,phone",       # 10 too_many_pixels (limit 50000)
-        "../outside.jpg,r6,phone",        # 11 path_escapes
+        "images/text.jpg,r4,phone",  # 8 not_an_image
+        "images/icon.ico,r5,phone",  # 9 unsupported_format
+        "images/huge.png,r5,phone",  # 10 too_many_pixels (limit 50000)
+        "../outside.jpg,r6,phone",  # 11 path_escapes
         f"{tmp_path / 'outside.jpg'},r6,phone",  # 12 absolute_path
-        "images/good3.jpg,r7,",           # 13 missing_field (device empty)
-        "images/good3.jpg,,phone",        # 14 empty_receipt_id
-        "images/good0.jpg,r1,phone",      # 15 repeated_row
-        "images,r8,phone",                # 16 not_a_file (a folder)
+        "images/good3.jpg,r7,",  # 13 missing_field (device empty)
+        "images/good3.jpg,,phone",  # 14 empty_receipt_id
+        "images/good0.jpg,r1,phone",  # 15 repeated_row
+        "images,r8,phone",  # 16 not_a_file (a folder)
     ]
     return _write_csv(tmp_path / "caps", rows)
 
@@ -96,8 +96,12 @@ def test_each_bad_row_rejected_with_its_reason(bad_folder, tmp_path):
     reasons = {entry["line"]: entry["reason"] for entry in report["rejected"]}
     assert reasons == EXPECTED_REASONS
     assert report["counts"] == {
-        "rows": 15, "accepted": 3, "rejected": 12, "merged_duplicates": 0,
-        "identities": 2, "duplicate_conflicts": 0,
+        "rows": 15,
+        "accepted": 3,
+        "rejected": 12,
+        "merged_duplicates": 0,
+        "identities": 2,
+        "duplicate_conflicts": 0,
     }
     details = {entry["line"]: entry["detail"] for entry in report["rejected"]}
     assert "line 15: same file as line 2" in details[15]
@@ -144,6 +148,7 @@ def test_manifest_rows_carry_checked_facts(tmp_path):
     result = ingest(manifest, tmp_path / "out", _settings())
     row = result.rows[0]
     import hashlib
+
     assert row["sha256"] == hashlib.sha256((tmp_path / "a.jpg").read_bytes()).hexdigest()
     assert (row["width"], row["height"]) == (30, 50)
     assert row["merchant"] == "Shop A" and row["split"] in ("train", "val", "heldout")
@@ -208,7 +213,9 @@ def test_unusual_modes_converted_not_rejected(tmp_path):
     files = {"cmyk.jpg": cmyk.getvalue(), "pal.png": _png(palette), "16.png": _png(sixteen), "alpha.png": _png(alpha)}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    result = ingest(_write_csv(tmp_path, [f"{name},r{i},d" for i, name in enumerate(files)]), tmp_path / "out", _settings())
+    result = ingest(
+        _write_csv(tmp_path, [f"{name},r{i},d" for i, name in enumerate(files)]), tmp_path / "out", _settings()
+    )
     assert result.rejected == [] and len(result.rows) == 4
     assert sixteen.mode.startswith("I;16")
     decoded = {name: np.asarray(decode_image(data, 10**6).image) for name, data in files.items()}
@@ -290,7 +297,9 @@ def test_conflicting_split_for_one_receipt_is_an_error(tmp_path):
     (tmp_path / "a.jpg").write_bytes(_jpeg(1))
     (tmp_path / "b.jpg").write_bytes(_jpeg(2))
     manifest = _write_csv(tmp_path, ["a.jpg,r1,p,train", "b.jpg,r1,q,val"], header="path,receipt_id,device,split")
-    with pytest.raises(ManifestError, match=r"receipt_id 'r1' is given more than one split \(train on lines 2; val on lines 3\)"):
+    with pytest.raises(
+        ManifestError, match=r"receipt_id 'r1' is given more than one split \(train on lines 2; val on lines 3\)"
+    ):
         ingest(manifest, tmp_path / "out", _settings())
 
 

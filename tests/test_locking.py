@@ -26,8 +26,12 @@ with write_lock(sys.argv[1]):
 
 def hold_lock(out: Path) -> subprocess.Popen:
     """A real process holding ``out``'s writer lock until it is killed."""
-    child = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert child.stdout.readline().strip() == "locked"
     return child
 
@@ -47,8 +51,13 @@ def test_a_second_train_into_one_run_dir_is_refused_naming_the_first(tmp_path):
     run = tmp_path / "run"
     sets = [arg for key in [*TINY_TRAINING[:-1], "train.epochs=50"] for arg in ("--set", key)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
-    first = subprocess.Popen([sys.executable, "-m", "receipt_embed", "train", "--data", tmp_path / "ds", "--out", run,
-                              "-q", *sets], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "receipt_embed", "train", "--data", tmp_path / "ds", "--out", run, "-q", *sets],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: (tmp_path / ".run.lock").exists(), 60, "the first train to take its lock")
         second = run_cli("train", "--data", tmp_path / "ds", "--out", run, "-q", *sets, timeout=60)
@@ -72,8 +81,9 @@ def test_a_held_index_lock_refuses_writers_but_not_readers(tmp_path):
     before = tree_digest(index)
     holder = hold_lock(index)
     try:
-        writer = run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q", "--force",
-                         timeout=60)
+        writer = run_cli(
+            "index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q", "--force", timeout=60
+        )
         assert writer.returncode == 2 and f"being written by pid {holder.pid}" in writer.stderr
         searched = run_cli("search", index, "--all-pairs", "--threshold", "0.99", "--out", "-", timeout=60)
         assert searched.returncode == 0, searched.stderr  # a reader is not blocked, not refused
@@ -107,8 +117,9 @@ def test_the_lock_is_reentrant_and_shared_with_child_processes(tmp_path):
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         refused = subprocess.run([sys.executable, "-c", check, str(out)], env=env, capture_output=True, text=True)
         assert refused.returncode == 1 and "DirLocked" in refused.stderr and str(os.getpid()) in refused.stderr
-        told = subprocess.run([sys.executable, "-c", check, str(out)], env={**env, **held_locks_env(out)},
-                              capture_output=True, text=True)
+        told = subprocess.run(
+            [sys.executable, "-c", check, str(out)], env={**env, **held_locks_env(out)}, capture_output=True, text=True
+        )
         assert told.stdout.strip() == "in", told.stderr  # a --nproc rank whose launcher holds the lock
     assert not lock_path(out).exists()
     holder = hold_lock(out)
@@ -129,8 +140,10 @@ def test_a_lock_file_that_is_a_link_is_never_written_through(tmp_path):
     lock.symlink_to(victim)
     result = run_cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", "-q", timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.strip() == (f"Error: the lock file {lock} is a symbolic link, not a regular file receipt-embed "
-                                     "wrote; it is never written through: remove it and try again")
+    assert result.stderr.strip() == (
+        f"Error: the lock file {lock} is a symbolic link, not a regular file receipt-embed "
+        "wrote; it is never written through: remove it and try again"
+    )
     assert victim.read_text() == "precious" and not (tmp_path / "ds").exists()
     lock.unlink()
     lock.symlink_to(tmp_path / "nowhere")

@@ -103,8 +103,16 @@ def test_supcon_matches_reference(tau, path, tile):
 
 def _moco_with_queue(tau, path, tile, in_batch, queue_entries):
     """A MoCoLoss whose queue holds ``queue_entries`` known keys, some sharing query identities."""
-    loss = quiet(MoCoLoss, temperature=tau, queue_size=16, dim=6, in_batch_negatives=in_batch,
-                 queue_init="empty", tile_size=tile, path=path)
+    loss = quiet(
+        MoCoLoss,
+        temperature=tau,
+        queue_size=16,
+        dim=6,
+        in_batch_negatives=in_batch,
+        queue_init="empty",
+        tile_size=tile,
+        path=path,
+    )
     torch.manual_seed(2)
     keys = torch.nn.functional.normalize(torch.randn(queue_entries, 6), dim=1)
     labels = torch.arange(queue_entries) % 7  # identities 0..6 reappear; the batch has 0..8
@@ -131,12 +139,18 @@ def test_moco_matches_reference(tau, path, tile, queue_entries, in_batch):
 
 
 def test_moco_gradient_reaches_keys_that_require_grad():
-    loss = MoCoLoss(temperature=0.2, queue_size=8, dim=4, in_batch_negatives=True, path="tiled", tile_size=3).double().eval()
+    loss = (
+        MoCoLoss(temperature=0.2, queue_size=8, dim=4, in_batch_negatives=True, path="tiled", tile_size=3)
+        .double()
+        .eval()
+    )
     torch.manual_seed(4)
     q, k = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
     labels = torch.tensor([0, 1, 2, 3, 4])
     queue, queue_labels = loss.queue.clone(), loss.queue_labels.clone()
-    assert_matches(lambda e: loss(q, labels, keys=e), lambda e: ref.moco(q, e, labels, queue, queue_labels, 0.2, True), k)
+    assert_matches(
+        lambda e: loss(q, labels, keys=e), lambda e: ref.moco(q, e, labels, queue, queue_labels, 0.2, True), k
+    )
 
 
 # ----------------------------------------------------------------------------- contracts
@@ -206,7 +220,8 @@ def test_gradcheck_symmetric_and_online_kernels(scales, path):
     labels = torch.tensor([0, 1, 2, 0, 3, 4, 1, 5, 6, 7, 0])
     fn = lambda z: masked_logsumexp(z, None, labels, None, scales, tile_size=3, path=path)[0]
     assert masked_logsumexp(z, None, labels, None, scales, tile_size=3, path=path)[1].path == (
-        "tiled-symmetric" if path == "tiled" else "tiled-general")
+        "tiled-symmetric" if path == "tiled" else "tiled-general"
+    )
     assert torch.autograd.gradcheck(fn, (z,), eps=1e-6, atol=1e-7)
 
 
@@ -224,7 +239,10 @@ def test_gradcheck_full_loss_through_normalisation():
     torch.manual_seed(10)
     x = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)
     labels = torch.tensor([0, 1, 0, 2, 0, 1, 0, 2])
-    for loss in (NTXentLoss(0.2, tile_size=3, path="tiled"), HardNegativeLoss(0.5, tau_plus=0.1, tile_size=3, path="tiled")):
+    for loss in (
+        NTXentLoss(0.2, tile_size=3, path="tiled"),
+        HardNegativeLoss(0.5, tau_plus=0.1, tile_size=3, path="tiled"),
+    ):
         assert torch.autograd.gradcheck(lambda e, loss=loss: loss(e, labels), (x,), eps=1e-6, atol=1e-7)
 
 
@@ -241,7 +259,9 @@ def test_rows_without_allowed_keys_give_minus_inf_and_zero_gradient():
 
 def test_auto_path_is_dense_only_for_tiny_problems():
     labels = torch.arange(600)
-    small = masked_logsumexp(torch.nn.functional.normalize(torch.randn(100, 8), dim=1), None, labels[:100], None, (10.0,))
+    small = masked_logsumexp(
+        torch.nn.functional.normalize(torch.randn(100, 8), dim=1), None, labels[:100], None, (10.0,)
+    )
     large = masked_logsumexp(torch.nn.functional.normalize(torch.randn(600, 8), dim=1), None, labels, None, (10.0,))
     assert 100 * 100 <= DENSE_MAX_ELEMENTS < 600 * 600
     assert small[1].path == "dense" and large[1].path == "tiled-symmetric"
@@ -254,7 +274,10 @@ def test_float32_dense_and_tiled_agree(cls, params):
     labels = torch.arange(350).repeat(2)
     labels[:20] = labels[20:40]  # some duplicates
     labels[350:370] = labels[370:390]
-    results = [grads_of(lambda e, p=p: cls(0.1, path=p, tile_size=128, **params)(e, labels), x) for p in ("dense", "tiled", "tiled-general")]
+    results = [
+        grads_of(lambda e, p=p: cls(0.1, path=p, tile_size=128, **params)(e, labels), x)
+        for p in ("dense", "tiled", "tiled-general")
+    ]
     for value, grad in results[1:]:
         torch.testing.assert_close(value, results[0][0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grad, results[0][1], rtol=1e-4, atol=1e-7)
@@ -312,10 +335,18 @@ def test_low_temperature_warns():
     [
         (torch.randn(6, 4), torch.arange(3).repeat(2)[:5], "labels has length 5 but the embeddings have 6 rows"),
         (torch.randn(6, 4), torch.zeros(6), "labels must be integer identities, got dtype torch.float32"),
-        (torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 2, 1]), r"two-view loss: row i and row i \+ B .* row 1 has label 1, row 4 has 2"),
+        (
+            torch.randn(6, 4),
+            torch.tensor([0, 1, 2, 0, 2, 1]),
+            r"two-view loss: row i and row i \+ B .* row 1 has label 1, row 4 has 2",
+        ),
         (torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1]), "two-view loss: it needs 2B rows .* got 5 rows"),
         (torch.randn(5, 4), None, "got 5 rows"),
-        (torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), torch.tensor([0, 0]), r"embeddings contain NaN in 1 of 2 rows \(first rows: \[1\]\)"),
+        (
+            torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]),
+            torch.tensor([0, 0]),
+            r"embeddings contain NaN in 1 of 2 rows \(first rows: \[1\]\)",
+        ),
         (torch.tensor([[0.0, 1.0], [float("inf"), 0.0]]), torch.tensor([0, 0]), "embeddings contain infinite values"),
         (torch.randn(6), torch.arange(3).repeat(2), r"embeddings must have shape \(N, d\), got shape \(6,\)"),
     ],
@@ -461,9 +492,14 @@ def test_debiased_clamp_binds_when_positives_dominate():
     x = torch.cat([first, first])
     labels = torch.arange(6).repeat(2)
     t, tau_plus, n_neg = 0.1, 0.1, 10
-    clamped = -torch.log(torch.exp(torch.tensor(1 / t)) / (torch.exp(torch.tensor(1 / t)) + n_neg * torch.exp(torch.tensor(-1 / t))))
+    clamped = -torch.log(
+        torch.exp(torch.tensor(1 / t)) / (torch.exp(torch.tensor(1 / t)) + n_neg * torch.exp(torch.tensor(-1 / t)))
+    )
     for cls, params in ((DebiasedContrastiveLoss, {}), (HardNegativeLoss, {"beta": 1.0})):
         loss = cls(temperature=t, tau_plus=tau_plus, **params)
         torch.testing.assert_close(loss(x, labels), clamped.double(), **TOL)
-    assert_matches(lambda e: DebiasedContrastiveLoss(t, tau_plus=tau_plus)(e, labels),
-                   lambda e: ref.debiased(e, labels, t, tau_plus), x + 1e-3 * torch.randn_like(x))
+    assert_matches(
+        lambda e: DebiasedContrastiveLoss(t, tau_plus=tau_plus)(e, labels),
+        lambda e: ref.debiased(e, labels, t, tau_plus),
+        x + 1e-3 * torch.randn_like(x),
+    )

@@ -15,18 +15,21 @@ FAKE_LINE = "DUPLICATE of receipt y (similarity 1.000 >= 0.9)"
 CRAFTED = ["x\n" + FAKE_LINE, "clear\x1b[2Jscreen", "bidi\u202eeulav"]
 
 
-@pytest.mark.parametrize("raw,shown", [
-    ("plain receipt 42", "plain receipt 42"),
-    ("café 收据 🧾 naïve", "café 收据 🧾 naïve"),  # ordinary Unicode is kept
-    ("a\nb\r\tc", "a\\nb\\r\\tc"),
-    ("\x1b[2J\x07\x00", "\\x1b[2J\\x07\\x00"),
-    ("\x9b31m", "\\x9b31m"),  # the one-byte CSI
-    ("zero\u200bwidth\u202e", "zero\\u200bwidth\\u202e"),
-    ("line\u2028break", "line\\u2028break"),
-    ("back\\nslash", "back\\\\nslash"),  # a literal backslash-n cannot pass for an escaped newline
-    (7, "7"),
-    (None, "None"),
-])
+@pytest.mark.parametrize(
+    "raw,shown",
+    [
+        ("plain receipt 42", "plain receipt 42"),
+        ("café 收据 🧾 naïve", "café 收据 🧾 naïve"),  # ordinary Unicode is kept
+        ("a\nb\r\tc", "a\\nb\\r\\tc"),
+        ("\x1b[2J\x07\x00", "\\x1b[2J\\x07\\x00"),
+        ("\x9b31m", "\\x9b31m"),  # the one-byte CSI
+        ("zero\u200bwidth\u202e", "zero\\u200bwidth\\u202e"),
+        ("line\u2028break", "line\\u2028break"),
+        ("back\\nslash", "back\\\\nslash"),  # a literal backslash-n cannot pass for an escaped newline
+        (7, "7"),
+        (None, "None"),
+    ],
+)
 def test_printable(raw, shown):
     assert printable(raw) == shown
     assert printable(raw).isprintable()
@@ -63,8 +66,10 @@ def test_search_table_cannot_be_forged(crafted_index):
 
 
 def test_ingest_rejection_lines_are_escaped(tmp_path):
-    rows = [{"path": "gone\x1b[2J.jpg", "receipt_id": "r1", "device": "d"},
-            {"path": "also-gone.jpg\n  rejected: nothing, all fine", "receipt_id": "r2", "device": "d"}]
+    rows = [
+        {"path": "gone\x1b[2J.jpg", "receipt_id": "r1", "device": "d"},
+        {"path": "also-gone.jpg\n  rejected: nothing, all fine", "receipt_id": "r2", "device": "d"},
+    ]
     (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     result = run_cli("ingest", tmp_path, "--out", tmp_path / "dataset", "-q")
     assert result.returncode == 1  # nothing accepted
@@ -76,13 +81,22 @@ def test_ingest_rejection_lines_are_escaped(tmp_path):
 def test_audit_verdict_lines_are_one_line_each():
     from receipt_embed.audit.run import verdict_lines
 
-    figures = {"flagged": ["dev\nice"], "shortcuts": {"dev\nice": {"reasons": ["lift\x1b[2J"], "context": False}},
-               "collapsed": False, "flagged_checks": ["hub"], "inconclusive": [], "untestable": {},
-               "checks": {"hub": {"plugin": "evil\nplugin", "summary": "fine\nNo shortcut flagged for device",
-                                  "flagged": True}}}
+    figures = {
+        "flagged": ["dev\nice"],
+        "shortcuts": {"dev\nice": {"reasons": ["lift\x1b[2J"], "context": False}},
+        "collapsed": False,
+        "flagged_checks": ["hub"],
+        "inconclusive": [],
+        "untestable": {},
+        "checks": {
+            "hub": {"plugin": "evil\nplugin", "summary": "fine\nNo shortcut flagged for device", "flagged": True}
+        },
+    }
     lines = verdict_lines(figures)
-    assert lines == ["SHORTCUT: dev\\nice (lift\\x1b[2J)",
-                     "CHECK hub (evil\\nplugin): fine\\nNo shortcut flagged for device"]
+    assert lines == [
+        "SHORTCUT: dev\\nice (lift\\x1b[2J)",
+        "CHECK hub (evil\\nplugin): fine\\nNo shortcut flagged for device",
+    ]
 
 
 def test_cli_warnings_print_escaped_one_line(capsys):

@@ -15,8 +15,11 @@ from conftest import REPO
 
 def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every file under ``root`` (by relative path): the state to compare before and after."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def write_embeddings(base: Path, name: str, rows: int, dim: int = 16, seed: int = 0) -> tuple[Path, Path]:
@@ -230,9 +233,11 @@ def test_demo_never_replaces_a_folder_it_did_not_write(cli, tmp_path):
     (top / "p.txt").write_text("precious")
     own = tmp_path / "own"
     shutil.copytree(REPO / "data_samples", own / "mine")
-    for out, samples, expected in ((nested, REPO / "data_samples", "did not write (in"),
-                                   (top, REPO / "data_samples", "did not write (p.txt)"),
-                                   (own, own / "mine", "did not write (mine)")):
+    for out, samples, expected in (
+        (nested, REPO / "data_samples", "did not write (in"),
+        (top, REPO / "data_samples", "did not write (p.txt)"),
+        (own, own / "mine", "did not write (mine)"),
+    ):
         before = tree_digest(out)
         result = cli("demo", "--out", out, "--samples", samples, "--force", "-q", "--set", "train.epochs=1")
         assert result.returncode == 2 and expected in result.stderr, result.stderr

@@ -36,7 +36,8 @@ def installed_plugin(tmp_path_factory) -> Path:
     target folder; returns the folder to put on PYTHONPATH."""
     src = tmp_path_factory.mktemp("tiny_src")
     (src / "tiny_receipt_plugin.py").write_text(TINY_PLUGIN)
-    (src / "pyproject.toml").write_text(textwrap.dedent("""
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["setuptools>=68"]
         build-backend = "setuptools.build_meta"
@@ -47,12 +48,26 @@ def installed_plugin(tmp_path_factory) -> Path:
         tiny = "tiny_receipt_plugin"
         [tool.setuptools]
         py-modules = ["tiny_receipt_plugin"]
-    """))
+    """)
+    )
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(src)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return target
 
@@ -76,7 +91,14 @@ def test_builtins_listed_like_plugins(cli, tmp_path):
     builtins = {p["name"]: p for p in info["plugins"] if p["source"] == "builtin"}
     assert {"builtin.encoders", "builtin.augmentations"} <= set(builtins)
     encoders = {c["name"] for c in builtins["builtin.encoders"]["components"] if c["kind"] == "encoder"}
-    assert {"resnet18", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny"} <= encoders
+    assert {
+        "resnet18",
+        "resnet50",
+        "mobilenet_v3_small",
+        "mobilenet_v3_large",
+        "efficientnet_b0",
+        "convnext_tiny",
+    } <= encoders
 
 
 def test_entry_point_plugin_discovered(cli, tmp_path, installed_plugin):
@@ -87,7 +109,9 @@ def test_entry_point_plugin_discovered(cli, tmp_path, installed_plugin):
     assert tiny["source"] == "entry point"
     assert tiny["version"] == "0.3.1"
     assert "tiny-receipt-plugin" in tiny["location"]
-    assert tiny["components"] == [{"kind": "sampler", "name": "tiny_sampler", "description": "from an installed package"}]
+    assert tiny["components"] == [
+        {"kind": "sampler", "name": "tiny_sampler", "description": "from an installed package"}
+    ]
     # the human listing shows it too
     text = cli("--plugins-dir", tmp_path / "none", "plugins", cwd=tmp_path, env={"PYTHONPATH": str(installed_plugin)})
     assert "tiny 0.3.1  [entry point: tiny-receipt-plugin" in text.stdout
@@ -103,14 +127,18 @@ def test_disabled_plugin_is_not_loaded(cli, tmp_path, installed_plugin):
 
 def test_folder_plugin_loaded_after_entry_points(cli, tmp_path, installed_plugin):
     folder = tmp_path / "myplugins"
-    _write(folder, "shop_sampler.py", '''
+    _write(
+        folder,
+        "shop_sampler.py",
+        """
         __version__ = "1.2"
         from receipt_embed.hookspecs import hookimpl
 
         @hookimpl
         def register_samplers(register):
             register("by_shop", lambda identities, batch_size, seed: [], description="folder plugin")
-    ''')
+    """,
+    )
     _write(folder, "_private.py", "raise RuntimeError('files starting with _ are not plugins')\n")
     result = _plugins_json(cli, tmp_path, env={"PYTHONPATH": str(installed_plugin)}, plugins_dir=folder)
     assert result.returncode == 0, result.stderr
@@ -124,23 +152,27 @@ def test_folder_plugin_loaded_after_entry_points(cli, tmp_path, installed_plugin
 
 
 def test_default_plugins_folder_is_cwd_plugins(cli, tmp_path):
-    _write(tmp_path / "plugins", "here.py", '''
+    _write(
+        tmp_path / "plugins",
+        "here.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_losses(register):
             register("here_loss", lambda **p: None)
-    ''')
+    """,
+    )
     result = cli("plugins", "--json", cwd=tmp_path)
     assert "here" in {p["name"] for p in json.loads(result.stdout)["plugins"]}
 
 
 BROKEN = "import not_a_real_module_xyz\n"
-GOOD = '''
+GOOD = """
 from receipt_embed.hookspecs import hookimpl
 @hookimpl
 def register_losses(register):
     register("good_loss", lambda **p: None)
-'''
+"""
 
 
 def test_broken_plugin_warns_and_others_load(cli, tmp_path):
@@ -162,17 +194,24 @@ def test_broken_plugin_is_fatal_when_strict(cli, tmp_path):
     _write(folder, "broken.py", BROKEN)
     result = _plugins_json(cli, tmp_path, plugins_dir=folder, extra=["--strict-plugins"])
     assert result.returncode == 2
-    assert "plugin 'broken' failed to load (--strict-plugins): ModuleNotFoundError: No module named 'not_a_real_module_xyz'" in result.stderr
+    assert (
+        "plugin 'broken' failed to load (--strict-plugins): ModuleNotFoundError: No module named 'not_a_real_module_xyz'"
+        in result.stderr
+    )
 
 
 def test_plugin_whose_hook_raises_is_skipped_whole(tmp_path):
-    _write(tmp_path, "half.py", '''
+    _write(
+        tmp_path,
+        "half.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_losses(register):
             register("half_loss", lambda **p: None)
             raise RuntimeError("boom after one registration")
-    ''')
+    """,
+    )
     loader = PluginLoader()
     loader.load_folder(tmp_path)
     with pytest.warns(PluginLoadWarning, match="plugin 'half' failed to load.*boom after one registration"):
@@ -183,12 +222,16 @@ def test_plugin_whose_hook_raises_is_skipped_whole(tmp_path):
 
 def test_name_clash_names_both_plugins(cli, tmp_path):
     folder = tmp_path / "p"
-    _write(folder, "my_resnet.py", '''
+    _write(
+        folder,
+        "my_resnet.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_encoders(register):
             register("resnet18", lambda **p: None)
-    ''')
+    """,
+    )
     result = _plugins_json(cli, tmp_path, plugins_dir=folder)
     assert result.returncode == 2
     assert "encoder 'resnet18' is registered by two plugins: 'builtin.encoders' and 'my_resnet'" in result.stderr
@@ -203,15 +246,19 @@ def test_unknown_component_lists_available_names():
     registry.add("encoder", "builtin.encoders", "resnet50", lambda **p: "r50")
     with pytest.raises(ComponentError) as info:
         registry.create("encoder", "resnet19")
-    assert str(info.value) == ("unknown encoder 'resnet19'. Available: resnet18, resnet50. Did you mean 'resnet18'? "
-                               "(From a plugin? `receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)")
+    assert str(info.value) == (
+        "unknown encoder 'resnet19'. Available: resnet18, resnet50. Did you mean 'resnet18'? "
+        "(From a plugin? `receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)"
+    )
     assert registry.create("encoder", "resnet50") == "r50"
 
 
 def test_bad_component_params_name_the_component():
     registry = Registry()
     registry.add("loss", "someplugin", "mine", lambda temperature: temperature)
-    with pytest.raises(ComponentError, match=r"loss 'mine' \(from plugin 'someplugin'\): .*unexpected keyword argument 'tau'"):
+    with pytest.raises(
+        ComponentError, match=r"loss 'mine' \(from plugin 'someplugin'\): .*unexpected keyword argument 'tau'"
+    ):
         registry.create("loss", "mine", tau=0.1)
 
 
@@ -226,9 +273,11 @@ def test_every_hookspec_documented_with_its_signature():
     """docs/plugins.md has a reference heading per hook with its exact signature, and the
     README's summary table names each one the same way."""
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Writing plugins"):]
+    section = readme[readme.index("## Writing plugins") :]
     guide = (REPO / "docs" / "plugins.md").read_text()
-    specs = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")]
+    specs = [
+        name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")
+    ]
     assert len(specs) == 6
     for name in specs:
         signature = f"{name}{inspect.signature(getattr(hookspecs, name))}"
@@ -247,7 +296,7 @@ def _hooks_marked_in_tests() -> dict[str, list[str]]:
             if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
                 continue
             for decorator in node.decorator_list:
-                if (isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.hook"):
+                if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.hook":
                     for arg in decorator.args:
                         marked.setdefault(arg.value, []).append(f"{path.name}::{node.name}")
     return marked
@@ -256,7 +305,9 @@ def _hooks_marked_in_tests() -> dict[str, list[str]]:
 def test_every_hookspec_has_a_test():
     """Each hook in receipt_embed.hookspecs has a test marked ``@pytest.mark.hook(NAME)``, and
     every marked name is a real hook (a renamed hook cannot keep a stale test)."""
-    specs = {name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")}
+    specs = {
+        name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")
+    }
     marked = _hooks_marked_in_tests()
     assert {"on_epoch_end", "register_audit_checks"} <= specs
     assert not specs - set(marked), f"hooks without a test marked @pytest.mark.hook: {sorted(specs - set(marked))}"
@@ -267,7 +318,10 @@ def test_every_hookspec_has_a_test():
 def test_sampler_factory_declaring_metadata_receives_the_manifest_rows(tmp_path):
     from receipt_embed.sampling import build_sampler
 
-    _write(tmp_path, "meta.py", '''
+    _write(
+        tmp_path,
+        "meta.py",
+        """
         from receipt_embed.hookspecs import hookimpl
 
         def with_metadata(identities, batch_size, seed, metadata, column="merchant"):
@@ -280,7 +334,8 @@ def test_sampler_factory_declaring_metadata_receives_the_manifest_rows(tmp_path)
         def register_samplers(register):
             register("with_metadata", with_metadata)
             register("without_metadata", without_metadata)
-    ''')
+    """,
+    )
     loader = PluginLoader()
     loader.load_folder(tmp_path)
     loader.collect_components()
@@ -288,7 +343,10 @@ def test_sampler_factory_declaring_metadata_receives_the_manifest_rows(tmp_path)
     labels = [i // 2 for i in range(8)]
     got = build_sampler(loader.registry, "with_metadata", labels, rows, 2, 0, {})
     assert got == {"identities": labels, "values": ["m0"] * 4 + ["m1"] * 4}
-    assert build_sampler(loader.registry, "with_metadata", labels, rows, 2, 0, {"column": "receipt_id"})["values"][2] == "r1"
+    assert (
+        build_sampler(loader.registry, "with_metadata", labels, rows, 2, 0, {"column": "receipt_id"})["values"][2]
+        == "r1"
+    )
     # a factory that does not declare metadata is called exactly as before (no surprise keyword)
     assert build_sampler(loader.registry, "without_metadata", labels, rows, 2, 0, {"k": 3}) == {"params": {"k": 3}}
 
@@ -298,7 +356,10 @@ def test_sampler_factory_declaring_metadata_receives_the_manifest_rows(tmp_path)
 @pytest.mark.hook("register_augmentations")
 @pytest.mark.hook("register_samplers")
 def test_folder_plugin_can_implement_every_register_hook(tmp_path):
-    _write(tmp_path, "everything.py", '''
+    _write(
+        tmp_path,
+        "everything.py",
+        """
         from receipt_embed.hookspecs import hookimpl
 
         @hookimpl
@@ -316,7 +377,8 @@ def test_folder_plugin_can_implement_every_register_hook(tmp_path):
         @hookimpl
         def register_samplers(register):
             register("every_other", lambda identities, batch_size, seed: ("sampler", batch_size))
-    ''')
+    """,
+    )
     loader = PluginLoader()
     loader.load_builtins()
     loader.load_folder(tmp_path)
@@ -326,18 +388,26 @@ def test_folder_plugin_can_implement_every_register_hook(tmp_path):
     assert registry.create("encoder", "tiny_cnn", depth=3) == ("encoder", {"depth": 3})
     assert registry.create("augmentation", "flip", image_size=[8, 4]) == ("augmentation", (8, 4))
     assert registry.create("sampler", "every_other", identities=[], batch_size=4, seed=0) == ("sampler", 4)
-    assert {c.plugin for kind in registry.components.values() for c in kind.values() if c.name in
-            {"l1_loss", "tiny_cnn", "flip", "every_other"}} == {"everything"}
+    assert {
+        c.plugin
+        for kind in registry.components.values()
+        for c in kind.values()
+        if c.name in {"l1_loss", "tiny_cnn", "flip", "every_other"}
+    } == {"everything"}
 
 
 def test_plugin_registering_a_name_twice(tmp_path):
-    _write(tmp_path, "twice.py", '''
+    _write(
+        tmp_path,
+        "twice.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_encoders(register):
             register("same", lambda **p: None)
             register("same", lambda **p: None)
-    ''')
+    """,
+    )
     loader = PluginLoader()
     loader.load_folder(tmp_path)
     with pytest.warns(PluginLoadWarning, match="plugin 'twice' failed to load.*registers encoder 'same' twice"):
@@ -346,8 +416,13 @@ def test_plugin_registering_a_name_twice(tmp_path):
 
 
 def test_misconfigured_discovery_is_reported(cli, tmp_path):
-    result = cli("--plugins-dir", tmp_path / "nope", "plugins", cwd=tmp_path,
-                 env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.encoders,typo_plugin"})
+    result = cli(
+        "--plugins-dir",
+        tmp_path / "nope",
+        "plugins",
+        cwd=tmp_path,
+        env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.encoders,typo_plugin"},
+    )
     assert result.returncode == 0
     assert f"Warning: plugins folder {tmp_path / 'nope'} does not exist" in result.stderr
     assert "RECEIPT_EMBED_DISABLE_PLUGINS names 'typo_plugin', which is not a plugin here" in result.stderr
@@ -398,35 +473,53 @@ def _loaded(folder: Path, strict: bool = False):
 
 
 def test_unusable_registrations_skip_that_plugin_only(tmp_path):
-    _write(tmp_path, "not_callable.py", '''
+    _write(
+        tmp_path,
+        "not_callable.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_losses(register):
             register("fine_before", lambda temperature=0.1: None)
             register("notcallable", 42)
-    ''')
-    _write(tmp_path, "spaced.py", '''
+    """,
+    )
+    _write(
+        tmp_path,
+        "spaced.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_losses(register):
             register("My Loss", lambda temperature=0.1: None)
-    ''')
-    _write(tmp_path, "wrong_keyword.py", '''
+    """,
+    )
+    _write(
+        tmp_path,
+        "wrong_keyword.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_losses(register):
             register("kw", lambda temperature=0.1: None, desc="typo for description")
-    ''')
-    _write(tmp_path, "good.py", '''
+    """,
+    )
+    _write(
+        tmp_path,
+        "good.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_losses(register):
             register("good_loss", lambda temperature=0.1: None)
-    ''')
+    """,
+    )
     with pytest.warns(PluginLoadWarning) as caught:
         registry = _loaded(tmp_path)
     messages = "\n".join(str(w.message) for w in caught)
-    assert "plugin 'not_callable' failed to load" in messages and "with a factory that is not callable (int)" in messages
+    assert (
+        "plugin 'not_callable' failed to load" in messages and "with a factory that is not callable (int)" in messages
+    )
     assert "invalid name 'My Loss' (letters, digits, '_', '-', '.'; no spaces)" in messages
     assert "register(name, factory, description=''): got an unexpected keyword argument 'desc'" in messages
     assert "<locals>" not in messages
@@ -439,45 +532,67 @@ def test_unusable_registrations_skip_that_plugin_only(tmp_path):
 
 
 def test_misspelled_or_undecorated_hooks_are_reported(tmp_path):
-    _write(tmp_path, "misspelled.py", '''
+    _write(
+        tmp_path,
+        "misspelled.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def register_loss(register):
             register("x", lambda temperature=0.1: None)
-    ''')
-    _write(tmp_path, "undecorated.py", '''
+    """,
+    )
+    _write(
+        tmp_path,
+        "undecorated.py",
+        """
         def register_losses(register):
             register("forgot_decorator", lambda temperature=0.1: None)
-    ''')
+    """,
+    )
     with pytest.warns(PluginLoadWarning) as caught:
         registry = _loaded(tmp_path)
     messages = "\n".join(str(w.message) for w in caught)
-    assert ("plugin 'misspelled' failed to load and was skipped: ValueError: @hookimpl function 'register_loss' is "
-            "not a receipt-embed hook (did you mean 'register_losses'?)") in messages
+    assert (
+        "plugin 'misspelled' failed to load and was skipped: ValueError: @hookimpl function 'register_loss' is "
+        "not a receipt-embed hook (did you mean 'register_losses'?)"
+    ) in messages
     assert "plugin 'undecorated' defines register_losses() without @hookimpl, so it is ignored" in messages
     assert "undecorated" in registry.plugins and "forgot_decorator" not in registry.names("loss")
 
 
 def test_folder_plugins_share_helpers_through_relative_imports(tmp_path):
-    _write(tmp_path, "_shared.py", '''
+    _write(
+        tmp_path,
+        "_shared.py",
+        """
         SCALE = 3.0
-    ''')
-    _write(tmp_path, "uses_helper.py", '''
+    """,
+    )
+    _write(
+        tmp_path,
+        "uses_helper.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         from ._shared import SCALE
 
         @hookimpl
         def register_losses(register):
             register("scaled", lambda temperature=0.1: SCALE)
-    ''')
+    """,
+    )
     registry = _loaded(tmp_path)
     assert registry.create("loss", "scaled") == 3.0
     assert "_shared" not in registry.plugins  # helpers are not plugins
     # another folder with its own _shared.py: each plugin sees its own folder's helper
     _write(tmp_path / "other", "_shared.py", "SCALE = 7.0\n")
-    _write(tmp_path / "other", "uses_other.py", '''
+    _write(
+        tmp_path / "other",
+        "uses_other.py",
+        """
         from ._shared import SCALE
-    ''')
+    """,
+    )
     from receipt_embed.testing import load_plugin
 
     assert load_plugin(tmp_path / "uses_helper.py").SCALE == 3.0
@@ -486,7 +601,10 @@ def test_folder_plugins_share_helpers_through_relative_imports(tmp_path):
 
 
 def test_bad_parameters_and_factory_bugs_name_the_component(tmp_path):
-    _write(tmp_path, "buggy.py", '''
+    _write(
+        tmp_path,
+        "buggy.py",
+        """
         from receipt_embed.hookspecs import hookimpl
 
         def build(temperature=0.1, margin=0.2):
@@ -495,25 +613,44 @@ def test_bad_parameters_and_factory_bugs_name_the_component(tmp_path):
         @hookimpl
         def register_losses(register):
             register("buggy", build)
-    ''')
+    """,
+    )
     registry = _loaded(tmp_path)
-    with pytest.raises(ComponentError, match=r"loss 'buggy' \(from plugin 'buggy'\): .*unexpected keyword argument "
-                                             r"'marign'; its loss.params may set margin \(did you mean 'margin' for 'marign'\?\)"):
+    with pytest.raises(
+        ComponentError,
+        match=r"loss 'buggy' \(from plugin 'buggy'\): .*unexpected keyword argument "
+        r"'marign'; its loss.params may set margin \(did you mean 'margin' for 'marign'\?\)",
+    ):
         registry.create("loss", "buggy", marign=0.3)
-    with pytest.raises(ComponentError, match=r"loss 'buggy' \(from plugin 'buggy'\) failed to build: KeyError: 'missing'"):
+    with pytest.raises(
+        ComponentError, match=r"loss 'buggy' \(from plugin 'buggy'\) failed to build: KeyError: 'missing'"
+    ):
         registry.create("loss", "buggy")
 
 
 def test_blocked_plugins_are_listed(cli, tmp_path):
-    result = cli("--plugins-dir", tmp_path / "none", "plugins", cwd=tmp_path,
-                 env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.augmentations"})
+    result = cli(
+        "--plugins-dir",
+        tmp_path / "none",
+        "plugins",
+        cwd=tmp_path,
+        env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.augmentations"},
+    )
     assert "blocked builtin.augmentations (RECEIPT_EMBED_DISABLE_PLUGINS)" in result.stdout
-    info = json.loads(cli("--plugins-dir", tmp_path / "none", "plugins", "--json", cwd=tmp_path,
-                          env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.augmentations"}).stdout)
+    info = json.loads(
+        cli(
+            "--plugins-dir",
+            tmp_path / "none",
+            "plugins",
+            "--json",
+            cwd=tmp_path,
+            env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.augmentations"},
+        ).stdout
+    )
     assert info["blocked"] == ["builtin.augmentations"]
 
 
-BROKEN_COMPONENTS = '''
+BROKEN_COMPONENTS = """
 import torch
 from receipt_embed.hookspecs import hookimpl
 
@@ -578,29 +715,62 @@ def register_encoders(register):
 def register_samplers(register):
     register("no_epochs", lambda identities, batch_size, seed: NoEpochs(identities, batch_size))
     register("out_of_range", lambda identities, batch_size, seed: OutOfRange(identities, batch_size))
-'''
+"""
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("loss.name=vector_loss", r"loss 'vector_loss' \(from plugin 'broken_components'\) returned \(16,\), not a scalar tensor"),
-    ("sampler.name=no_epochs", r"sampler 'no_epochs' \(from plugin 'broken_components'\) built a NoEpochs without set_epoch"),
-    ("augment.preset=plain_function", r"augmentation 'plain_function' \(from plugin 'broken_components'\) built a function "
-                                      r"without set_random_seed"),
-    ("model.encoder=no_feature_dim", r"encoder 'no_feature_dim' \(from plugin 'broken_components'\) built an object of type NoFeatureDim "
-                                     r"that is not a torch.nn.Module with an integer feature_dim"),
-    ("loss.name=one_argument", r"loss 'one_argument' \(from plugin 'broken_components'\) failed while computing the loss: "
-                               r"TypeError: .*forward\(\) takes 2 positional arguments but 3 were given at .*torch"),
-    ("loss.name=plain_function_loss", r"loss 'plain_function_loss' \(from plugin 'broken_components'\) built a function, "
-                                      r"not a torch.nn.Module"),
-    ("model.encoder=wrong_dim", r"encoder 'wrong_dim' \(from plugin 'broken_components'\) returned \(2, 8\) for 2 images "
-                                r"of 1 x 64 x 32; expected \(N, feature_dim\) = \(2, 32\)"),
-    ("augment.preset=no_resize", r"augmentation 'no_resize' returned a uint8 \(\d+, \d+, 3\) view; views must be uint8 of "
-                                 r"64 x 32 \(data.image_size\) x 3"),
-    ("sampler.name=out_of_range", r"sampler 'out_of_range' \(from plugin 'broken_components'\) yielded 1000000 in batch 1 of epoch 1; indices must be integers "
-                                  r"in 0..143"),
-    ("loss.params={temperature: 0.5}", r"loss.params sets 'temperature', which receipt-embed passes to loss 'ntxent' itself; "
-                                       r"remove it from loss.params \(temperature comes from loss.temperature\)"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        (
+            "loss.name=vector_loss",
+            r"loss 'vector_loss' \(from plugin 'broken_components'\) returned \(16,\), not a scalar tensor",
+        ),
+        (
+            "sampler.name=no_epochs",
+            r"sampler 'no_epochs' \(from plugin 'broken_components'\) built a NoEpochs without set_epoch",
+        ),
+        (
+            "augment.preset=plain_function",
+            r"augmentation 'plain_function' \(from plugin 'broken_components'\) built a function "
+            r"without set_random_seed",
+        ),
+        (
+            "model.encoder=no_feature_dim",
+            r"encoder 'no_feature_dim' \(from plugin 'broken_components'\) built an object of type NoFeatureDim "
+            r"that is not a torch.nn.Module with an integer feature_dim",
+        ),
+        (
+            "loss.name=one_argument",
+            r"loss 'one_argument' \(from plugin 'broken_components'\) failed while computing the loss: "
+            r"TypeError: .*forward\(\) takes 2 positional arguments but 3 were given at .*torch",
+        ),
+        (
+            "loss.name=plain_function_loss",
+            r"loss 'plain_function_loss' \(from plugin 'broken_components'\) built a function, "
+            r"not a torch.nn.Module",
+        ),
+        (
+            "model.encoder=wrong_dim",
+            r"encoder 'wrong_dim' \(from plugin 'broken_components'\) returned \(2, 8\) for 2 images "
+            r"of 1 x 64 x 32; expected \(N, feature_dim\) = \(2, 32\)",
+        ),
+        (
+            "augment.preset=no_resize",
+            r"augmentation 'no_resize' returned a uint8 \(\d+, \d+, 3\) view; views must be uint8 of "
+            r"64 x 32 \(data.image_size\) x 3",
+        ),
+        (
+            "sampler.name=out_of_range",
+            r"sampler 'out_of_range' \(from plugin 'broken_components'\) yielded 1000000 in batch 1 of epoch 1; indices must be integers "
+            r"in 0..143",
+        ),
+        (
+            "loss.params={temperature: 0.5}",
+            r"loss.params sets 'temperature', which receipt-embed passes to loss 'ntxent' itself; "
+            r"remove it from loss.params \(temperature comes from loss.temperature\)",
+        ),
+    ],
+)
 def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, message):
     from conftest import TINY_TRAINING
 
@@ -612,8 +782,14 @@ def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, mes
     registry = _loaded(tmp_path / "plugins")
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
     with pytest.raises((ComponentError, ValueError), match=message):
-        train(load_config(overrides=[*TINY_TRAINING, "train.num_workers=0", setting]), tmp_path / "ds", tmp_path / "run",
-              registry, progress=False, log=lambda m: None)
+        train(
+            load_config(overrides=[*TINY_TRAINING, "train.num_workers=0", setting]),
+            tmp_path / "ds",
+            tmp_path / "run",
+            registry,
+            progress=False,
+            log=lambda m: None,
+        )
 
 
 def test_encoder_params_come_from_model_params(tmp_path):
@@ -624,27 +800,41 @@ def test_encoder_params_come_from_model_params(tmp_path):
 
     _write(tmp_path / "plugins", "broken_components.py", BROKEN_COMPONENTS)
     registry = _loaded(tmp_path / "plugins")
-    model = build_model(load_config(overrides=[*TINY_TRAINING, "model.encoder=width", "model.params={width: 12}"]), registry)
+    model = build_model(
+        load_config(overrides=[*TINY_TRAINING, "model.encoder=width", "model.params={width: 12}"]), registry
+    )
     assert model.encoder.feature_dim == 12
     with pytest.raises(ComponentError, match=r"model.params may set width \(did you mean 'width' for 'widht'\?\)"):
-        build_model(load_config(overrides=[*TINY_TRAINING, "model.encoder=width", "model.params={widht: 12}"]), registry)
+        build_model(
+            load_config(overrides=[*TINY_TRAINING, "model.encoder=width", "model.params={widht: 12}"]), registry
+        )
 
 
 def test_hook_arguments_and_helper_imports_get_pointed_messages(tmp_path):
-    _write(tmp_path, "wrong_argument.py", '''
+    _write(
+        tmp_path,
+        "wrong_argument.py",
+        """
         from receipt_embed.hookspecs import hookimpl
         @hookimpl
         def on_epoch_end(epoch, cfg):
             pass
-    ''')
+    """,
+    )
     _write(tmp_path, "_shared.py", "X = 1\n")
-    _write(tmp_path, "absolute_helper.py", '''
+    _write(
+        tmp_path,
+        "absolute_helper.py",
+        """
         from _shared import X
-    ''')
+    """,
+    )
     with pytest.warns(PluginLoadWarning) as caught:
         _loaded(tmp_path)
     messages = "\n".join(str(w.message) for w in caught)
-    assert ("on_epoch_end() takes arguments named cfg; the hook offers run_dir, epoch, metrics, model, config") in messages
+    assert (
+        "on_epoch_end() takes arguments named cfg; the hook offers run_dir, epoch, metrics, model, config"
+    ) in messages
     assert "_shared.py is in the plugins folder: import it relatively, `from ._shared import ...`" in messages
 
 
@@ -656,7 +846,10 @@ def test_unknown_component_from_a_checkpoint_names_its_plugins_folder(tmp_path):
     from receipt_embed.ingest import ingest
     from receipt_embed.training.trainer import train
 
-    _write(tmp_path / "mine", "enc.py", '''
+    _write(
+        tmp_path / "mine",
+        "enc.py",
+        """
         from receipt_embed.hookspecs import hookimpl
 
         def build(pretrained, in_channels, pooling, grid):
@@ -677,18 +870,22 @@ def test_unknown_component_from_a_checkpoint_names_its_plugins_folder(tmp_path):
         @hookimpl
         def register_encoders(register):
             register("tiny_encoder", build)
-    ''')
+    """,
+    )
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
     config = load_config(overrides=[*TINY_TRAINING, "model.encoder=tiny_encoder", f"plugins.dir={tmp_path / 'mine'}"])
     train(config, tmp_path / "ds", tmp_path / "run", _loaded(tmp_path / "mine"), progress=False, log=lambda m: None)
     checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
     assert load_model(checkpoint, _loaded(tmp_path / "mine")).model.encoder.feature_dim == 4
-    with pytest.raises(ComponentError, match=rf"unknown encoder 'tiny_encoder'.*trained with plugins from "
-                                             rf"{tmp_path / 'mine'}: run `receipt-embed --plugins-dir"):
+    with pytest.raises(
+        ComponentError,
+        match=rf"unknown encoder 'tiny_encoder'.*trained with plugins from "
+        rf"{tmp_path / 'mine'}: run `receipt-embed --plugins-dir",
+    ):
         load_model(checkpoint, _loaded(tmp_path / "elsewhere"))
 
 
-FLIP_PLUGIN = '''
+FLIP_PLUGIN = """
 from receipt_embed.hookspecs import hookimpl
 
 def build(image_size):
@@ -698,7 +895,7 @@ def build(image_size):
 @hookimpl
 def register_augmentations(register):
     register("flip", build)
-'''
+"""
 
 
 def _train_with_flip_plugin(cli, tmp_path):
@@ -709,8 +906,18 @@ def _train_with_flip_plugin(cli, tmp_path):
     _write(tmp_path / "mine", "flip.py", FLIP_PLUGIN)
     sets = [arg for item in [*TINY_TRAINING, "augment.preset=flip"] for arg in ("--set", item)]
     assert cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", cwd=tmp_path).returncode == 0
-    result = cli("--plugins-dir", "mine", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", *sets,
-                 cwd=tmp_path)
+    result = cli(
+        "--plugins-dir",
+        "mine",
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        "-q",
+        *sets,
+        cwd=tmp_path,
+    )
     return result, sets
 
 
@@ -720,14 +927,29 @@ def test_plugins_dir_given_on_the_command_line_is_recorded_in_the_run(cli, tmp_p
     assert f"dir: {tmp_path / 'mine'}" in (tmp_path / "run" / "config.yaml").read_text()
     # a vector-valued loss through the command line: one line, exit 2
     _write(tmp_path / "broken", "broken_components.py", BROKEN_COMPONENTS)
-    broken = cli("--plugins-dir", "broken", "train", "--data", tmp_path / "ds", "--out", tmp_path / "run2", "-q",
-                 *sets[:-2], "--set", "loss.name=vector_loss", cwd=tmp_path)
+    broken = cli(
+        "--plugins-dir",
+        "broken",
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run2",
+        "-q",
+        *sets[:-2],
+        "--set",
+        "loss.name=vector_loss",
+        cwd=tmp_path,
+    )
     assert broken.returncode == 2 and "not a scalar tensor" in broken.stderr and "Traceback" not in broken.stderr
 
 
 def test_strict_plugins_refuses_a_missing_plugins_folder(cli, tmp_path):
     result = cli("--strict-plugins", "--plugins-dir", tmp_path / "typo", "plugins", cwd=tmp_path)
-    assert result.returncode == 2 and f"plugins folder {tmp_path / 'typo'} does not exist (--strict-plugins)" in result.stderr
+    assert (
+        result.returncode == 2
+        and f"plugins folder {tmp_path / 'typo'} does not exist (--strict-plugins)" in result.stderr
+    )
     assert cli("--plugins-dir", tmp_path / "typo", "plugins", cwd=tmp_path).returncode == 0  # a warning otherwise
 
 
@@ -735,7 +957,10 @@ def test_call_hooks_keep_pluggy_order_and_accept_kwargs(tmp_path):
     from receipt_embed.plugin_manager import call_hook
 
     for name, opts in (("a_first", "tryfirst=True"), ("b_plain", ""), ("c_last", "trylast=True")):
-        _write(tmp_path, f"{name}.py", f'''
+        _write(
+            tmp_path,
+            f"{name}.py",
+            f'''
             from receipt_embed.hookspecs import hookimpl
             ORDER = []
 
@@ -744,12 +969,14 @@ def test_call_hooks_keep_pluggy_order_and_accept_kwargs(tmp_path):
                 import sys
                 sys.modules["{name}_order"] = ORDER
                 return "{name}"
-        ''')
+        ''',
+        )
     registry = _loaded(tmp_path)
     results = call_hook(registry, "on_epoch_end", run_dir=tmp_path, epoch=1, metrics={}, model=None, config=None)
     assert list(results) == ["a_first", "b_plain", "c_last"]
-    assert list(registry.plugin_manager.hook.on_epoch_end(run_dir=tmp_path, epoch=1, metrics={}, model=None,
-                                                          config=None)) == ["a_first", "b_plain", "c_last"]
+    assert list(
+        registry.plugin_manager.hook.on_epoch_end(run_dir=tmp_path, epoch=1, metrics={}, model=None, config=None)
+    ) == ["a_first", "b_plain", "c_last"]
 
 
 def test_resume_does_not_load_plugins_from_the_run_dir(cli, tmp_path):
@@ -758,9 +985,21 @@ def test_resume_does_not_load_plugins_from_the_run_dir(cli, tmp_path):
     (tmp_path / "elsewhere").mkdir()
     resumed = cli("train", "--out", tmp_path / "run", "--resume", "--set", "train.epochs=2", cwd=tmp_path / "elsewhere")
     assert resumed.returncode == 2
-    assert (f"The run was trained with plugins from {tmp_path / 'mine'}: resume with `receipt-embed --plugins-dir "
-            f"{tmp_path / 'mine'} train --out") in resumed.stderr
-    again = cli("--plugins-dir", tmp_path / "mine", "train", "--out", tmp_path / "run", "--resume", "-q",
-                "--set", "train.epochs=2", cwd=tmp_path / "elsewhere")
+    assert (
+        f"The run was trained with plugins from {tmp_path / 'mine'}: resume with `receipt-embed --plugins-dir "
+        f"{tmp_path / 'mine'} train --out"
+    ) in resumed.stderr
+    again = cli(
+        "--plugins-dir",
+        tmp_path / "mine",
+        "train",
+        "--out",
+        tmp_path / "run",
+        "--resume",
+        "-q",
+        "--set",
+        "train.epochs=2",
+        cwd=tmp_path / "elsewhere",
+    )
     assert again.returncode == 0, again.stderr
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2

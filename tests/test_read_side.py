@@ -161,8 +161,7 @@ def _lying_npy(path: Path) -> Path:
 def test_lying_npy_header_is_refused_for_embeddings(trained, tmp_path):
     """F8: `index --embeddings` with a header lying about its shape exits 2 naming the file."""
     lying = _lying_npy(tmp_path / "lying.npy")
-    result = run_cli("index", "--embeddings", lying, "--manifest", trained[0], "--out", tmp_path / "idx",
-                     timeout=HANG)
+    result = run_cli("index", "--embeddings", lying, "--manifest", trained[0], "--out", tmp_path / "idx", timeout=HANG)
     assert result.returncode == 2, result.stderr
     assert "lying.npy" in result.stderr and "header" in result.stderr and "Traceback" not in result.stderr
 
@@ -198,12 +197,14 @@ def test_non_string_manifest_values_are_rejected_as_invalid(tmp_path):
     from receipt_embed.config import load_config
     from receipt_embed.ingest import ingest
 
-    rows = [{"path": "ok.jpg", "receipt_id": 7, "device": "phone", "meta": {"a": 1}},
-            {"path": "1.jpg", "receipt_id": {"a": 1}, "device": "phone"},
-            {"path": "2.jpg", "receipt_id": "r2", "device": ["a"]},
-            {"path": "3.jpg", "receipt_id": True, "device": "phone"},
-            {"path": "5.jpg", "receipt_id": "r\x00id", "device": "phone"},
-            {"path": "6\x1b[2J.jpg", "receipt_id": "r6", "device": "phone"}]
+    rows = [
+        {"path": "ok.jpg", "receipt_id": 7, "device": "phone", "meta": {"a": 1}},
+        {"path": "1.jpg", "receipt_id": {"a": 1}, "device": "phone"},
+        {"path": "2.jpg", "receipt_id": "r2", "device": ["a"]},
+        {"path": "3.jpg", "receipt_id": True, "device": "phone"},
+        {"path": "5.jpg", "receipt_id": "r\x00id", "device": "phone"},
+        {"path": "6\x1b[2J.jpg", "receipt_id": "r6", "device": "phone"},
+    ]
     for row in rows:
         (tmp_path / row["path"].replace("\x1b[2J", "")).write_bytes(_jpeg(len(row["path"])))
     text = "".join(json.dumps(row) + "\n" for row in rows)
@@ -212,8 +213,14 @@ def test_non_string_manifest_values_are_rejected_as_invalid(tmp_path):
     result = ingest(tmp_path / "m.jsonl", tmp_path / "out", load_config().ingest)
     rejected = {entry["line"]: entry for entry in result.rejected}
     assert {line: entry["reason"] for line, entry in rejected.items()} == {n: "invalid_value" for n in range(2, 8)}
-    for line, column in ((2, "receipt_id"), (3, "device"), (4, "receipt_id"), (5, "receipt_id"), (6, "path"),
-                         (7, "receipt_id")):
+    for line, column in (
+        (2, "receipt_id"),
+        (3, "device"),
+        (4, "receipt_id"),
+        (5, "receipt_id"),
+        (6, "path"),
+        (7, "receipt_id"),
+    ):
         assert column in rejected[line]["detail"], rejected[line]
     assert [(row["receipt_id"], row["meta"]) for row in result.rows] == [("7", '{"a":1}')]
 
@@ -258,8 +265,18 @@ def test_forged_dataset_report_naming_root_gets_no_thumbnails(embeddings_index, 
     warnings = [line for line in result.stderr.splitlines() if "too wide" in line]
     assert len(warnings) == 1 and "--images-root" in warnings[0] and "(/)" in warnings[0], result.stderr
     assert "data:image/jpeg" not in (report / "audit.html").read_text()
-    allowed = run_cli("audit-shortcuts", index_dir, "--out", tmp_path / "report2", "--gallery", "2", "-q",
-                      "--images-root", REPO / "data_samples", timeout=HANG)
+    allowed = run_cli(
+        "audit-shortcuts",
+        index_dir,
+        "--out",
+        tmp_path / "report2",
+        "--gallery",
+        "2",
+        "-q",
+        "--images-root",
+        REPO / "data_samples",
+        timeout=HANG,
+    )
     assert allowed.returncode == 0, allowed.stderr
     assert "data:image/jpeg" in (tmp_path / "report2" / "audit.html").read_text()
 
@@ -348,7 +365,6 @@ def test_train_on_a_dataset_with_a_fifo_file_does_not_hang(trained, tmp_path):
     assert len(dataset_sources(data)) > 1  # the captures still count; the FIFO was not opened
     (data / "manifest.jsonl").unlink()
     os.mkfifo(data / "manifest.jsonl")
-    result = run_cli("train", "--data", data, "--out", tmp_path / "run", "--set", "train.epochs=1", "-q",
-                     timeout=HANG)
+    result = run_cli("train", "--data", data, "--out", tmp_path / "run", "--set", "train.epochs=1", "-q", timeout=HANG)
     assert result.returncode == 2, result.stderr
     assert "manifest.jsonl" in result.stderr and "FIFO" in result.stderr and "Traceback" not in result.stderr

@@ -27,7 +27,11 @@ def test_unique_identity_layout_and_cross_capture_positives():
             assert a != b or LABELS.count(LABELS[a]) == 1, "two captures whenever there are two"
         seen |= set(ids)
     assert seen == set(range(10)), "fill tail: the epoch covers every identity"
-    assert sampler.stats == {"tail_dropped": 0, "tail_filled": 2, "same_capture_pairs": sampler.stats["same_capture_pairs"]}
+    assert sampler.stats == {
+        "tail_dropped": 0,
+        "tail_filled": 2,
+        "same_capture_pairs": sampler.stats["same_capture_pairs"],
+    }
     assert sampler.stats["same_capture_pairs"] >= 1  # identity 9 appears at least once
 
 

@@ -59,6 +59,7 @@ def all_device_captures() -> dict[str, list[Image.Image]]:
 
 # --- determinism -------------------------------------------------------------------------
 
+
 def test_same_seed_and_arguments_give_byte_identical_files(tmp_path):
     make_samples(tmp_path / "a", receipts=3, devices=2, seed=7)
     make_samples(tmp_path / "b", receipts=3, devices=2, seed=7)
@@ -92,6 +93,7 @@ def test_capture_randomness_follows_the_seed():
 
 # --- the manifest and the files ----------------------------------------------------------
 
+
 def test_manifest_lists_one_capture_per_receipt_and_device(sample_set):
     columns, rows = read_manifest(sample_set / "manifest.csv")
     assert columns == list(MANIFEST_COLUMNS)
@@ -123,6 +125,7 @@ def test_images_decode_and_are_portrait(sample_set):
 
 # --- receipt content ---------------------------------------------------------------------
 
+
 def test_amounts_add_up():
     for index in range(16):
         receipt = make_receipt(2, index)
@@ -145,7 +148,7 @@ def _ink(image: Image.Image, receipt) -> np.ndarray:
 def test_same_shop_receipts_share_the_template_but_differ_in_content():
     receipts = [make_receipt(0, index) for index in range(2 * len(SHOPS))]
     # Shops take turns, so receipt i and i + len(SHOPS) share a shop.
-    for first, second in zip(receipts, receipts[len(SHOPS):]):
+    for first, second in zip(receipts, receipts[len(SHOPS) :]):
         assert first.shop is second.shop
         assert (first.items, first.number, first.issued) != (second.items, second.number, second.issued)
         header_a = _ink(render_receipt(first), first)[:60]
@@ -156,7 +159,7 @@ def test_same_shop_receipts_share_the_template_but_differ_in_content():
     headers = {r.shop.name: _ink(render_receipt(r), r)[:60] for r in receipts[: len(SHOPS)]}
     names = sorted(headers)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             same_shape = headers[a].shape == headers[b].shape
             assert not (same_shape and np.abs(headers[a] - headers[b]).max() < 0.05), (a, b)
 
@@ -170,6 +173,7 @@ def test_rendered_receipts_grow_with_their_items():
 
 
 # --- devices -----------------------------------------------------------------------------
+
 
 def _look(image: Image.Image) -> np.ndarray:
     """Device-revealing statistics: colour cast, brightness, sharpness, surroundings."""
@@ -208,8 +212,9 @@ def test_default_devices_differ_on_every_receipt(all_device_captures):
 def test_raw_pixels_cluster_by_device(all_device_captures):
     """The shortcut audit-shortcuts must catch: a raw-pixel neighbour is from the same device."""
     items = [(name, i, c) for name, captures in all_device_captures.items() for i, c in enumerate(captures)]
-    vectors = np.stack([np.asarray(c.resize((12, 24), Image.Resampling.BOX), dtype=np.float32).ravel()
-                        for _, _, c in items])
+    vectors = np.stack(
+        [np.asarray(c.resize((12, 24), Image.Resampling.BOX), dtype=np.float32).ravel() for _, _, c in items]
+    )
     distances = np.linalg.norm(vectors[:, None] - vectors[None], axis=2)
     same_device = []
     for k, (name, receipt, _) in enumerate(items):
@@ -250,6 +255,7 @@ def test_select_devices_bounds():
 
 # --- scans -------------------------------------------------------------------------------
 
+
 def _write_scans(folder: Path) -> None:
     folder.mkdir()
     render_receipt(make_receipt(5, 0)).save(folder / "shop-a.png")
@@ -285,9 +291,11 @@ def test_capture_scans_rejects_repeated_stems_and_unreadable_files(tmp_path):
 
 # --- command line ------------------------------------------------------------------------
 
+
 def test_cli_writes_a_set_with_summary_and_no_bar_off_a_terminal(tmp_path):
-    result = CliRunner().invoke(main, ["make-samples", "--receipts", "2", "--devices", "2", "--seed", "3",
-                                       "--out", str(tmp_path / "set")])
+    result = CliRunner().invoke(
+        main, ["make-samples", "--receipts", "2", "--devices", "2", "--seed", "3", "--out", str(tmp_path / "set")]
+    )
     assert result.exit_code == 0, result.output
     assert "Wrote 4 captures (2 receipts x 2 devices: phone_a, phone_b)" in result.stdout
     assert "100%" not in result.stderr  # progress bars only on a terminal
@@ -297,8 +305,19 @@ def test_cli_writes_a_set_with_summary_and_no_bar_off_a_terminal(tmp_path):
 
 def test_cli_quiet_and_from_scans(tmp_path):
     _write_scans(tmp_path / "scans")
-    result = CliRunner().invoke(main, ["make-samples", "--from-scans", str(tmp_path / "scans"), "--devices", "1",
-                                       "--out", str(tmp_path / "set"), "--quiet"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "make-samples",
+            "--from-scans",
+            str(tmp_path / "scans"),
+            "--devices",
+            "1",
+            "--out",
+            str(tmp_path / "set"),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
     assert "Wrote 3 captures (3 receipts x 1 devices: phone_a)" in result.stdout
@@ -327,8 +346,9 @@ def test_cli_rejects_bad_arguments_with_exit_code_2(tmp_path, arguments, message
 def test_cli_reports_unreadable_scans_as_usage_errors(tmp_path):
     (tmp_path / "scans").mkdir()
     (tmp_path / "scans" / "bad.png").write_bytes(b"\x89PNG but not really")
-    result = CliRunner().invoke(main, ["make-samples", "--from-scans", str(tmp_path / "scans"),
-                                       "--out", str(tmp_path / "set"), "--quiet"])
+    result = CliRunner().invoke(
+        main, ["make-samples", "--from-scans", str(tmp_path / "scans"), "--out", str(tmp_path / "set"), "--quiet"]
+    )
     assert result.exit_code == 2
     assert "bad.png" in result.output
 

@@ -13,8 +13,14 @@ from conftest import REPO
 
 def run_to(stdout, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
-    return subprocess.run([sys.executable, "-m", "receipt_embed", *map(str, args)], stdout=stdout,
-                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "receipt_embed", *map(str, args)],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")

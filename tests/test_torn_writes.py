@@ -85,7 +85,9 @@ def test_a_full_disk_is_one_line_and_the_old_index_survives(tmp_path, small_disk
     assert result.returncode == 2
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in line, result.stderr
-    assert line.startswith(f"Error: no space left on device writing {index}/") and "MiB free on that file system" in line
+    assert (
+        line.startswith(f"Error: no space left on device writing {index}/") and "MiB free on that file system" in line
+    )
     assert tree_digest(index) == before and load_index_dir(index).count == 20
     assert sorted(p.name for p in small_disk.iterdir()) == ["ix"], "the staging dir is removed"
 
@@ -158,7 +160,9 @@ def test_a_swap_cut_in_half_is_repaired_by_the_next_writer(tmp_path):
     os.rename(index, tmp_path / ".ix.old-99999")
     (tmp_path / ".ix.staging-99998").mkdir()
     (tmp_path / ".ix.staging-99998" / "index.faiss").write_bytes(b"half")
-    with pytest.warns(UserWarning, match=r"restored .* from \.ix\.old-99999.*removed 1 leftover\(s\) .*\.ix\.staging-99998"):
+    with pytest.warns(
+        UserWarning, match=r"restored .* from \.ix\.old-99999.*removed 1 leftover\(s\) .*\.ix\.staging-99998"
+    ):
         with pytest.raises(RuntimeError, match="stop"), replace_dir(index, "index", force=True) as staging:
             (staging / "index.json").write_text("{}")
             raise RuntimeError("stop")  # the new writer fails too: the restored old copy stays
@@ -213,8 +217,15 @@ def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_pa
         settle_leftovers(run)
     assert tree_digest(run) == before
 
-    train(load_config(overrides=TINY_TRAINING), dataset, run, builtin_registry(), progress=False, log=lambda m: None,
-          force=True)
+    train(
+        load_config(overrides=TINY_TRAINING),
+        dataset,
+        run,
+        builtin_registry(),
+        progress=False,
+        log=lambda m: None,
+        force=True,
+    )
     after = tree_digest(run)
     assert after != before and "checkpoints/last.pt" in after and len(after) == len(before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"], "the old run is gone once replaced"

@@ -21,8 +21,15 @@ from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
 from receipt_embed.training.trainer import TrainingDiverged, train
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["data.image_size=[64,32]", "train.batch_size=8", "train.eval_batch_size=64", "train.bn_recalibrate=32",
-        "model.head_hidden=64", "model.head_dim=32", "train.num_workers=0"]
+TINY = [
+    "data.image_size=[64,32]",
+    "train.batch_size=8",
+    "train.eval_batch_size=64",
+    "train.bn_recalibrate=32",
+    "model.head_hidden=64",
+    "model.head_dim=32",
+    "train.num_workers=0",
+]
 TIMING_KEYS = {"views_per_s", "train_seconds"}
 
 
@@ -87,8 +94,9 @@ def test_resume_after_sigkill_reproduces_straight_run(dataset, tmp_path):
     straight = tmp_path / "straight"
     subprocess.run(_train_cmd(dataset, straight, "train.epochs=6"), check=True, env=_env(), capture_output=True)
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_train_cmd(dataset, killed, "train.epochs=6"), env=_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        _train_cmd(dataset, killed, "train.epochs=6"), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     metrics = killed / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None:
@@ -98,8 +106,9 @@ def test_resume_after_sigkill_reproduces_straight_run(dataset, tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert len(metrics.read_text().splitlines()) < 6, "the run finished before it could be killed"
-    resumed = subprocess.run(_train_cmd(dataset, killed, "train.epochs=6") + ["--resume"], env=_env(),
-                             capture_output=True, text=True)
+    resumed = subprocess.run(
+        _train_cmd(dataset, killed, "train.epochs=6") + ["--resume"], env=_env(), capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
     assert _metrics(killed) == _metrics(straight)
@@ -112,8 +121,13 @@ def test_sigterm_saves_and_resume_finishes_identically(dataset, tmp_path):
     straight = tmp_path / "straight"
     subprocess.run(_train_cmd(dataset, straight, "train.epochs=8"), check=True, env=_env(), capture_output=True)
     run = tmp_path / "run"
-    process = subprocess.Popen(_train_cmd(dataset, run, "train.epochs=8"), env=_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        _train_cmd(dataset, run, "train.epochs=8"),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None and not (metrics.exists() and metrics.read_text()):
@@ -125,18 +139,26 @@ def test_sigterm_saves_and_resume_finishes_identically(dataset, tmp_path):
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     assert (state["epoch"], state["step"]) < (8, 0)
     # the run's config.yaml and its dataset (data.json) are reused: no --set, no --data needed
-    resumed = subprocess.run([sys.executable, "-m", "receipt_embed", "train", "--out", str(run), "-q", "--resume"],
-                             env=_env(), capture_output=True, text=True)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", "train", "--out", str(run), "-q", "--resume"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "ingesting" not in resumed.stderr and json.loads((run / "data.json").read_text())["data_dir"] == str(dataset)
     assert _metrics(run) == _metrics(straight)
     # a --set that changes the run is still refused, naming the key
-    changed = subprocess.run(_train_cmd(dataset, run, "train.epochs=9", "train.lr=0.5") + ["--resume"], env=_env(),
-                             capture_output=True, text=True)
+    changed = subprocess.run(
+        _train_cmd(dataset, run, "train.epochs=9", "train.lr=0.5") + ["--resume"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
     assert changed.returncode == 2 and "train.lr: checkpoint 0.001, now 0.5" in changed.stderr
 
 
-NAN_PLUGIN = '''
+NAN_PLUGIN = """
 import torch
 from receipt_embed.hookspecs import hookimpl
 
@@ -152,7 +174,7 @@ class NanAfter(torch.nn.Module):
 @hookimpl
 def register_losses(register):
     register("nan_after", NanAfter)
-'''
+"""
 
 
 def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path):
@@ -163,7 +185,9 @@ def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path
     loader.load_folder(tmp_path / "plugins")
     loader.collect_components()
     config = load_config(overrides=[*TINY, "train.epochs=3", "loss.name=nan_after", "loss.temperature=0.07"])
-    with pytest.raises(TrainingDiverged, match=r"loss became nan at epoch 2, step 2 \(loss nan_after, temperature 0.07\)"):
+    with pytest.raises(
+        TrainingDiverged, match=r"loss became nan at epoch 2, step 2 \(loss nan_after, temperature 0.07\)"
+    ):
         train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=lambda m: None)
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert state["epoch"] == 1 and state["step"] == 0
@@ -193,8 +217,16 @@ def test_cli_train_errors(cli, dataset, tmp_path):
 
 
 def test_moco_keeps_momentum_encoder_and_queue_in_checkpoint(dataset, tmp_path):
-    config = load_config(overrides=[*TINY, "train.epochs=1", "loss.name=moco", "loss.temperature=0.2",
-                                    "loss.params={queue_size: 64, dim: 32}", "train.momentum=0.9"])
+    config = load_config(
+        overrides=[
+            *TINY,
+            "train.epochs=1",
+            "loss.name=moco",
+            "loss.temperature=0.2",
+            "loss.params={queue_size: 64, dim: 32}",
+            "train.momentum=0.9",
+        ]
+    )
     train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert int(state["loss"]["queue_count"]) == 64  # 6 steps x 8 keys, plus the random start
@@ -204,8 +236,9 @@ def test_moco_keeps_momentum_encoder_and_queue_in_checkpoint(dataset, tmp_path):
 
 def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
     sets = [item for key in [*TINY, "train.epochs=1"] for item in ("--set", key)]
-    result = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets,
-                 "--sweep", "loss.temperature=0.1,0.3")
+    result = cli(
+        "train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, "--sweep", "loss.temperature=0.1,0.3"
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [run["value"] for run in summary["runs"]] == ["0.1", "0.3"]
@@ -236,7 +269,9 @@ def test_schedule_replans_when_resumed_with_more_epochs():
     def lrs(epochs, start_state=None, steps=None):
         param = torch.nn.Parameter(torch.zeros(1))
         optimizer = torch.optim.AdamW([param], lr=1.0)
-        scheduler = _scheduler(optimizer, 10, load_config(overrides=[f"train.epochs={epochs}", "train.warmup_epochs=1"]))
+        scheduler = _scheduler(
+            optimizer, 10, load_config(overrides=[f"train.epochs={epochs}", "train.warmup_epochs=1"])
+        )
         if start_state is not None:
             optimizer.load_state_dict(start_state[0])
             scheduler.load_state_dict(start_state[1])
@@ -262,10 +297,20 @@ def test_resume_refuses_another_dataset(dataset, tmp_path):
     train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
     other = tmp_path / "other"
     ingest(REPO / "data_samples", other, load_config(overrides=["ingest.seed=7"]).ingest)
-    with pytest.raises(CheckpointError, match=rf"cannot resume .* the run was trained on {dataset}, whose manifest "
-                                              rf"differs; resume with --data {dataset}"):
-        train(load_config(overrides=[*TINY, "train.epochs=2"]), other, tmp_path / "run", builtin_registry(), resume=True,
-              progress=False, log=lambda m: None)
+    with pytest.raises(
+        CheckpointError,
+        match=rf"cannot resume .* the run was trained on {dataset}, whose manifest "
+        rf"differs; resume with --data {dataset}",
+    ):
+        train(
+            load_config(overrides=[*TINY, "train.epochs=2"]),
+            other,
+            tmp_path / "run",
+            builtin_registry(),
+            resume=True,
+            progress=False,
+            log=lambda m: None,
+        )
 
 
 def test_fresh_run_rewrites_data_json_and_a_missing_dataset_is_named(dataset, tmp_path):
@@ -273,16 +318,31 @@ def test_fresh_run_rewrites_data_json_and_a_missing_dataset_is_named(dataset, tm
 
     run = tmp_path / "run"
     (run).mkdir()
-    (run / "data.json").write_text('{"data_dir": "/somewhere/else", "manifest_sha256": "0"}')  # leftovers, no checkpoint
+    (run / "data.json").write_text(
+        '{"data_dir": "/somewhere/else", "manifest_sha256": "0"}'
+    )  # leftovers, no checkpoint
     copy = tmp_path / "copy"
     shutil.copytree(dataset, copy)
-    train(load_config(overrides=[*TINY, "train.epochs=1"]), copy, run, builtin_registry(), progress=False,
-          log=lambda m: None)
+    train(
+        load_config(overrides=[*TINY, "train.epochs=1"]),
+        copy,
+        run,
+        builtin_registry(),
+        progress=False,
+        log=lambda m: None,
+    )
     assert json.loads((run / "data.json").read_text())["data_dir"] == str(copy)
     shutil.rmtree(copy)
     with pytest.raises(CheckpointError, match=rf"{copy} holds no manifest.jsonl \(moved or deleted\?\)"):
-        train(load_config(overrides=[*TINY, "train.epochs=2"]), copy, run, builtin_registry(), resume=True,
-              progress=False, log=lambda m: None)
+        train(
+            load_config(overrides=[*TINY, "train.epochs=2"]),
+            copy,
+            run,
+            builtin_registry(),
+            resume=True,
+            progress=False,
+            log=lambda m: None,
+        )
 
 
 def test_resume_on_a_changed_manifest_does_not_advise_the_same_path(tmp_path):

@@ -29,6 +29,7 @@ def _one_clean_error(result, *fragments) -> None:
 
 # ---- index dirs -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def small_index(tmp_path_factory):
     """An index of 20 random vectors over a manifest of 5 receipts x 4 captures."""
@@ -44,6 +45,7 @@ def _embeddings(array):
     def change(index):
         np.save(index / "embeddings.npy", array, allow_pickle=True)
         reseal(index, "embeddings.npy")
+
     return change
 
 
@@ -57,24 +59,37 @@ TAMPERED = {
     "negative dim": (lambda d: edit_meta(d, lambda m: m.update(dim=-1)), "index.json: dim is an int"),
     "factory a number": (lambda d: edit_meta(d, lambda m: m.update(factory=5)), "index.json: factory is an int"),
     "files a list": (lambda d: edit_meta(d, lambda m: m.update(files=[])), "index.json: files is a list"),
-    "file entry without sha256": (lambda d: edit_meta(d, lambda m: m["files"]["items.jsonl"].pop("sha256")),
-                                  "files.items.jsonl is a dict"),
-    "bytes a float": (lambda d: edit_meta(d, lambda m: m["files"]["items.jsonl"].update(bytes=1.5)),
-                      "files.items.jsonl.bytes is a float"),
+    "file entry without sha256": (
+        lambda d: edit_meta(d, lambda m: m["files"]["items.jsonl"].pop("sha256")),
+        "files.items.jsonl is a dict",
+    ),
+    "bytes a float": (
+        lambda d: edit_meta(d, lambda m: m["files"]["items.jsonl"].update(bytes=1.5)),
+        "files.items.jsonl.bytes is a float",
+    ),
     "source a list": (lambda d: edit_meta(d, lambda m: m.update(source=[])), "index.json: source is list"),
-    "source.manifest a number": (lambda d: edit_meta(d, lambda m: m["source"].update(manifest=3)),
-                                 "source.manifest is an int"),
-    "search_params a number": (lambda d: edit_meta(d, lambda m: m.update(search_params=7)),
-                               "search_params is an int"),
+    "source.manifest a number": (
+        lambda d: edit_meta(d, lambda m: m["source"].update(manifest=3)),
+        "source.manifest is an int",
+    ),
+    "search_params a number": (lambda d: edit_meta(d, lambda m: m.update(search_params=7)), "search_params is an int"),
     "unknown features": (lambda d: edit_meta(d, lambda m: m.update(features="pixels")), "features is a str"),
-    "an item a list": (lambda d: rewrite_items(d, lambda row, item: [1] if row == 4 else item),
-                       "items.jsonl, row 4 (0-based) is a list, not a JSON object"),
-    "receipt_id a number": (lambda d: rewrite_items(d, lambda row, item: {**item, "receipt_id": row}),
-                            "items.jsonl, row 0 (0-based): receipt_id is an int"),
-    "path missing": (lambda d: rewrite_items(d, lambda row, item: {k: v for k, v in item.items() if k != "path"}),
-                     "items.jsonl, row 0 (0-based) lacks 'path'"),
-    "device a list": (lambda d: rewrite_items(d, lambda row, item: {**item, "device": ["a"]}),
-                      "row 0 (0-based): device is a list"),
+    "an item a list": (
+        lambda d: rewrite_items(d, lambda row, item: [1] if row == 4 else item),
+        "items.jsonl, row 4 (0-based) is a list, not a JSON object",
+    ),
+    "receipt_id a number": (
+        lambda d: rewrite_items(d, lambda row, item: {**item, "receipt_id": row}),
+        "items.jsonl, row 0 (0-based): receipt_id is an int",
+    ),
+    "path missing": (
+        lambda d: rewrite_items(d, lambda row, item: {k: v for k, v in item.items() if k != "path"}),
+        "items.jsonl, row 0 (0-based) lacks 'path'",
+    ),
+    "device a list": (
+        lambda d: rewrite_items(d, lambda row, item: {**item, "device": ["a"]}),
+        "row 0 (0-based): device is a list",
+    ),
     "NaN embedding": (_embeddings(_NAN), "embeddings.npy: row 3 (0-based) holds NaN or Inf"),
     "integer embeddings": (_embeddings(_GOOD.astype(np.int32)), "embeddings.npy holds int32 values"),
     "float64 embeddings": (_embeddings(_GOOD.astype(np.float64)), "embeddings.npy holds float64 values"),
@@ -100,13 +115,15 @@ def test_search_and_audit_exit_2_on_edited_index_dirs(small_index, tmp_path, cas
     change, message = TAMPERED[case]
     index = copy_index(small_index, tmp_path / "index")
     change(index)
-    _one_clean_error(run_cli("search", index, "--all-pairs", "--threshold", "0.5", "--out", tmp_path / "p.csv"),
-                     message)
+    _one_clean_error(
+        run_cli("search", index, "--all-pairs", "--threshold", "0.5", "--out", tmp_path / "p.csv"), message
+    )
     _one_clean_error(run_cli("audit-shortcuts", index, "--out", tmp_path / "report", "-q"), message)
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "report").exists()
 
 
 # ---- checkpoints ------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
@@ -142,8 +159,10 @@ CHECKPOINTS = {
     "a weight a list": (lambda s: s["model"].update({_first_weight(s): [1.0]}), "is a list, not a tensor"),
     "a weight of another shape": (_reshape_first, "the architecture needs ("),
     "a missing weight": (lambda s: s["model"].pop(_first_weight(s)), "is missing; the checkpoint is from another"),
-    "an extra weight": (lambda s: s["model"].update(extra=torch.zeros(1)),
-                        "model.extra is not part of the architecture"),
+    "an extra weight": (
+        lambda s: s["model"].update(extra=torch.zeros(1)),
+        "model.extra is not part of the architecture",
+    ),
     "config value of a wrong type": (lambda s: s["config"]["model"].update(head_dim="big"), "config.model.head_dim"),
 }
 
@@ -163,18 +182,24 @@ def test_shape_message_names_key_and_both_shapes(trained, tmp_path):
     state = torch.load(trained / "run" / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
     name, shape = _first_weight(state), tuple(state["model"][_first_weight(state)].shape)
     path = _tampered_checkpoint(trained / "run" / "checkpoints" / "best.pt", tmp_path / "bad.pt", _reshape_first)
-    wanted = f"model.{name} has shape ({','.join(map(str, (shape[0] // 2, *shape[1:])))}), the architecture needs " \
-             f"({','.join(map(str, shape))})"
+    wanted = (
+        f"model.{name} has shape ({','.join(map(str, (shape[0] // 2, *shape[1:])))}), the architecture needs "
+        f"({','.join(map(str, shape))})"
+    )
     result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "index", "-q")
     _one_clean_error(result, str(path), wanted)
     assert not (tmp_path / "index").exists()
 
 
-@pytest.mark.parametrize("change,message", [
-    (_reshape_first, "the architecture needs ("),
-    (lambda s: s.update(optimizer="adam"), "optimizer is a str, --resume needs a dict"),
-    (lambda s: s.pop("torch_rng"), "lacks 'torch_rng', which --resume needs"),
-], ids=["shape", "optimizer type", "no rng"])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (_reshape_first, "the architecture needs ("),
+        (lambda s: s.update(optimizer="adam"), "optimizer is a str, --resume needs a dict"),
+        (lambda s: s.pop("torch_rng"), "lacks 'torch_rng', which --resume needs"),
+    ],
+    ids=["shape", "optimizer type", "no rng"],
+)
 def test_resume_from_a_tampered_last_checkpoint_exits_2(trained, tmp_path, change, message):
     run = tmp_path / "run"
     shutil.copytree(trained / "run", run)
@@ -188,6 +213,7 @@ def test_resume_from_a_tampered_last_checkpoint_exits_2(trained, tmp_path, chang
 
 # ---- mathtext and markup in metadata ------------------------------------------------------
 
+
 def test_dollar_signs_and_markup_in_metadata_are_drawn_and_shown_literally(tmp_path):
     images = sorted((REPO / "data_samples" / "images").glob("*.jpg"))[:24]
     folder = tmp_path / "captures"
@@ -196,13 +222,30 @@ def test_dollar_signs_and_markup_in_metadata_are_drawn_and_shown_literally(tmp_p
     rows = []
     for i, image in enumerate(images):
         shutil.copy(image, folder / image.name)
-        rows.append({"path": image.name, "receipt_id": f"r{i // 3}", "device": devices[i % 4],
-                     "merchant": "$\\sqrt{$" if i % 2 else "$$"})
+        rows.append(
+            {
+                "path": image.name,
+                "receipt_id": f"r{i // 3}",
+                "device": devices[i % 4],
+                "merchant": "$\\sqrt{$" if i % 2 else "$$",
+            }
+        )
     (folder / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     np.save(tmp_path / "vectors.npy", np.random.default_rng(0).normal(size=(len(rows), 6)).astype(np.float32))
     index_embeddings(tmp_path / "vectors.npy", folder / "manifest.jsonl", tmp_path / "index")
-    result = run_cli("audit-shortcuts", tmp_path / "index", "--attribute", "device", "--context-attribute", "merchant",
-                     "--out", tmp_path / "report", "--gallery", "3", "-q")
+    result = run_cli(
+        "audit-shortcuts",
+        tmp_path / "index",
+        "--attribute",
+        "device",
+        "--context-attribute",
+        "merchant",
+        "--out",
+        tmp_path / "report",
+        "--gallery",
+        "3",
+        "-q",
+    )
     assert result.returncode == 0, result.stderr
     html = (tmp_path / "report" / "audit.html").read_text()
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
@@ -227,17 +270,31 @@ def test_literal_text_is_never_mathtext():
 
 # ---- shards -----------------------------------------------------------------------------
 
+
 def _shards(base):
     from receipt_embed.indexing.shards import write_shard
 
     rng = np.random.default_rng(2)
-    source = {"kind": "checkpoint", "checkpoint": "/x/best.pt", "checkpoint_sha256": "0" * 64, "dataset": "/x/data",
-              "dataset_sha256": None, "split": "all", "features": "backbone", "total": 8}
+    source = {
+        "kind": "checkpoint",
+        "checkpoint": "/x/best.pt",
+        "checkpoint_sha256": "0" * 64,
+        "dataset": "/x/data",
+        "dataset_sha256": None,
+        "split": "all",
+        "features": "backbone",
+        "total": 8,
+    }
     for shard in (0, 1):
-        items = [{"path": f"/x/{shard}-{i}.jpg", "receipt_id": f"r{i}", "device": "d", "split": "train"}
-                 for i in range(4)]
-        write_shard(base / f"s{shard}", rng.normal(size=(4, 6)).astype(np.float32), items,
-                    {**source, "shard": shard, "shards": 2, "rows": [4 * shard, 4 * shard + 4]})
+        items = [
+            {"path": f"/x/{shard}-{i}.jpg", "receipt_id": f"r{i}", "device": "d", "split": "train"} for i in range(4)
+        ]
+        write_shard(
+            base / f"s{shard}",
+            rng.normal(size=(4, 6)).astype(np.float32),
+            items,
+            {**source, "shard": shard, "shards": 2, "rows": [4 * shard, 4 * shard + 4]},
+        )
     return [base / "s0", base / "s1"]
 
 
@@ -254,12 +311,16 @@ def _shard_items(shard, change):
     _edit_shard(shard, lambda meta: meta["files"].update({"items.jsonl": sha256_file(shard / "items.jsonl")}))
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda s: _edit_shard(s, lambda m: m.update(files=["embeddings.npy"])), "shard.json: files is a list"),
-    (lambda s: _edit_shard(s, lambda m: m.update(shard="1")), "shard.json: shard is a str"),
-    (lambda s: _edit_shard(s, lambda m: m.pop("total")), "shard.json lacks 'total'"),
-    (lambda s: _shard_items(s, lambda text: text.replace('"r1"', "1")), "items.jsonl, row 1 (0-based): receipt_id"),
-], ids=["files a list", "shard a string", "no total", "receipt_id a number"])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda s: _edit_shard(s, lambda m: m.update(files=["embeddings.npy"])), "shard.json: files is a list"),
+        (lambda s: _edit_shard(s, lambda m: m.update(shard="1")), "shard.json: shard is a str"),
+        (lambda s: _edit_shard(s, lambda m: m.pop("total")), "shard.json lacks 'total'"),
+        (lambda s: _shard_items(s, lambda text: text.replace('"r1"', "1")), "items.jsonl, row 1 (0-based): receipt_id"),
+    ],
+    ids=["files a list", "shard a string", "no total", "receipt_id a number"],
+)
 def test_index_merge_names_edited_shards(tmp_path, change, message):
     shards = _shards(tmp_path)
     change(shards[1])

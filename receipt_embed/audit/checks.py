@@ -85,8 +85,13 @@ def _result(name: str, plugin: str, raw) -> dict:
     plot = raw.get("plot")
     if plot is not None and not hasattr(plot, "savefig"):
         raise AuditCheckError(f"'plot' must be a matplotlib figure, got {type(plot).__name__}")
-    return {"plugin": plugin, "figures": figures, "summary": str(raw.get("summary", "")),
-            "flagged": bool(raw.get("flagged", False)), "plot": plot}
+    return {
+        "plugin": plugin,
+        "figures": figures,
+        "summary": str(raw.get("summary", "")),
+        "flagged": bool(raw.get("flagged", False)),
+        "plot": plot,
+    }
 
 
 def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict[str, dict]]:
@@ -102,7 +107,9 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{option}: no audit check {name!r}{hint}; checks: {', '.join(names) or '(none registered)'}")
+            raise ValueError(
+                f"{option}: no audit check {name!r}{hint}; checks: {', '.join(names) or '(none registered)'}"
+            )
         return name
 
     skipped = set()
@@ -135,8 +142,9 @@ class _FailedFactory:
         raise self.error
 
 
-def run_checks(registry, context: AuditContext, log=lambda message: None, skip=frozenset(),
-               params: dict | None = None) -> tuple[dict, dict]:
+def run_checks(
+    registry, context: AuditContext, log=lambda message: None, skip=frozenset(), params: dict | None = None
+) -> tuple[dict, dict]:
     """Run every registered audit check but those in ``skip``, each factory called with its
     ``params``. Returns (results for audit.json, plots by name).
 
@@ -156,22 +164,34 @@ def run_checks(registry, context: AuditContext, log=lambda message: None, skip=f
         try:
             check = registry.create("audit_check", name, **params.get(name, {}))
         except Exception as exc:
-            hint = ("; register the factory that returns check(context), not the check itself"
-                    if "context" in str(exc) and "missing" in str(exc) else "")
+            hint = (
+                "; register the factory that returns check(context), not the check itself"
+                if "context" in str(exc) and "missing" in str(exc)
+                else ""
+            )
             if params.get(name):  # the user's --check-set values: theirs to fix, always fatal
                 raise ValueError(f"{exc}{hint}") from None
             check = _FailedFactory(AuditCheckError(f"{exc}{hint}"))  # a plugin bug: reported like a failing check
         try:
             result = _result(name, component.plugin, check(context))
         except Exception as exc:
-            detail = (str(exc) if isinstance(exc, AuditCheckError)
-                      else "".join(traceback.format_exception_only(type(exc), exc)).strip())
+            detail = (
+                str(exc)
+                if isinstance(exc, AuditCheckError)
+                else "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            )
             message = f"audit check {name!r} (plugin {component.plugin!r}) failed: {detail}"
             if registry.strict:
                 raise AuditCheckError(message + " (--strict-plugins)") from exc
             warnings.warn(message + "; the audit goes on without it")
-            results[name] = {"plugin": component.plugin, "error": detail, "figures": {}, "summary": "",
-                             "flagged": False, "description": component.description}
+            results[name] = {
+                "plugin": component.plugin,
+                "error": detail,
+                "figures": {},
+                "summary": "",
+                "flagged": False,
+                "description": component.description,
+            }
             continue
         plot = result.pop("plot")
         if plot is not None:

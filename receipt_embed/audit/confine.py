@@ -52,7 +52,7 @@ def _folder_of_relative_source(folder: Path, typed: Path) -> Path | None:
         return None
     if not paths or not all(isinstance(path, str) and Path(path).is_absolute() for path in paths):
         return None
-    candidates = [parent for parent in Path(paths[0]).parents if parent.parts[-len(names):] == names]
+    candidates = [parent for parent in Path(paths[0]).parents if parent.parts[-len(names) :] == names]
     if not candidates:
         return None
     root = candidates[0]
@@ -123,12 +123,16 @@ class ImageRoots:
         """One line for all refusals, naming the first, or None when nothing was refused."""
         wide = ""
         if self.too_wide:
-            wide = (f"the capture folder index.json leads to ({', '.join(map(str, self.too_wide))}) is too wide to "
-                    "trust (/, a top-level folder, or your home folder or above), so no thumbnail is read from it; ")
+            wide = (
+                f"the capture folder index.json leads to ({', '.join(map(str, self.too_wide))}) is too wide to "
+                "trust (/, a top-level folder, or your home folder or above), so no thumbnail is read from it; "
+            )
         if not self.refused:
             return wide + "pass --images-root DIR to allow a folder" if wide else None
         row, path = self.refused[0]  # the CLI prints warnings escaped
         where = ", ".join(str(root) for root in self.roots) or "none recorded in index.json"
         more = f" and {len(self.refused) - 1} more" if len(self.refused) > 1 else ""
-        return (f"{wide}{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
-                f"(row {row}: {path}{more}); allowed: {where}; pass --images-root DIR to allow another folder")
+        return (
+            f"{wide}{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
+            f"(row {row}: {path}{more}); allowed: {where}; pass --images-root DIR to allow another folder"
+        )

@@ -71,8 +71,7 @@ def cross_attribute_recall(x: np.ndarray, labels: np.ndarray, values: np.ndarray
     return {"recall_at_1": float(np.mean(hits)), "n_queries": int(queries.sum())}
 
 
-def linear_probe(x: np.ndarray, labels: np.ndarray, values: np.ndarray, seed: int = 0,
-                 test_size: float = 0.3) -> dict:
+def linear_probe(x: np.ndarray, labels: np.ndarray, values: np.ndarray, seed: int = 0, test_size: float = 0.3) -> dict:
     """Logistic-regression accuracy at predicting the attribute on held-out *identities*."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import GroupShuffleSplit
@@ -101,8 +100,9 @@ def _describe(values: np.ndarray) -> dict:
     return {"mean": float(values.mean()), **{f"q{int(q * 100):02d}": float(np.quantile(values, q)) for q in QUANTILES}}
 
 
-def pair_similarities(x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int,
-                      seed: int = 0) -> dict[str, np.ndarray]:
+def pair_similarities(
+    x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Cosine similarities of all pairs i < j among at most ``max_items`` items (a seeded
     subset), split into positives, negatives, and negatives sharing or not sharing the value."""
     subset = np.arange(len(x))
@@ -120,8 +120,9 @@ def pair_similarities(x: np.ndarray, labels: np.ndarray, values: np.ndarray, max
     }
 
 
-def similarity_figures(x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int = 4000,
-                       seed: int = 0) -> dict:
+def similarity_figures(
+    x: np.ndarray, labels: np.ndarray, values: np.ndarray, max_items: int = 4000, seed: int = 0
+) -> dict:
     """Means and quantiles of :func:`pair_similarities`."""
     return {kind: _describe(sims) for kind, sims in pair_similarities(x, labels, values, max_items, seed).items()}
 
@@ -143,8 +144,10 @@ def flag(figures: dict, rule: FlagRule, n_items: int) -> tuple[str, list[str]]:
             if z >= rule.min_z:
                 flagged.append(f"kNN lift {lift:.2f} > {rule.max_lift}, {z:.1f} standard errors above chance")
             else:
-                doubts.append(f"kNN lift {lift:.2f} > {rule.max_lift} but only {z:.1f} standard errors above chance "
-                              f"(needs {rule.min_z}; too few items)")
+                doubts.append(
+                    f"kNN lift {lift:.2f} > {rule.max_lift} but only {z:.1f} standard errors above chance "
+                    f"(needs {rule.min_z}; too few items)"
+                )
     accuracy, chance = figures["probe_accuracy"], figures["probe_chance"]
     enough = figures["probe_test_items"] >= rule.min_probe_items
     if accuracy is not None and chance is not None and chance < 1:
@@ -153,8 +156,10 @@ def flag(figures: dict, rule: FlagRule, n_items: int) -> tuple[str, list[str]]:
         if gain > rule.max_probe_gain and enough:
             flagged.append(f"probe gain {gain:.2f} > {rule.max_probe_gain}")
     if not enough:
-        doubts.append(f"the probe had {figures['probe_test_items']} held-out items, needs {rule.min_probe_items}"
-                      + (f" (gain {figures['probe_gain']:.2f})" if figures["probe_gain"] is not None else ""))
+        doubts.append(
+            f"the probe had {figures['probe_test_items']} held-out items, needs {rule.min_probe_items}"
+            + (f" (gain {figures['probe_gain']:.2f})" if figures["probe_gain"] is not None else "")
+        )
     if flagged:
         return "flagged", flagged
     return ("inconclusive", doubts) if doubts else ("clear", [])
@@ -170,8 +175,15 @@ def testable(values: np.ndarray) -> str | None:
     return None
 
 
-def audit_figures(embeddings: np.ndarray, items: list[dict], attributes: list[str], k: int = 10,
-                  rule: FlagRule = FlagRule(), seed: int = 0, context: tuple[str, ...] = ()) -> dict:
+def audit_figures(
+    embeddings: np.ndarray,
+    items: list[dict],
+    attributes: list[str],
+    k: int = 10,
+    rule: FlagRule = FlagRule(),
+    seed: int = 0,
+    context: tuple[str, ...] = (),
+) -> dict:
     """Every figure of ``audit.json`` for ``embeddings`` row-aligned with ``items``.
 
     ``attributes`` are tested against the rule; ``context`` attributes get the same figures
@@ -180,13 +192,14 @@ def audit_figures(embeddings: np.ndarray, items: list[dict], attributes: list[st
     for attribute in names:
         empty = [i for i, item in enumerate(items) if item.get(attribute) in (None, "")]
         if empty:
-            raise ValueError(f"attribute {attribute!r} is empty or absent for {len(empty)} of {len(items)} items, "
-                             f"first {items[empty[0]].get('path', f'item {empty[0]}')}")
+            raise ValueError(
+                f"attribute {attribute!r} is empty or absent for {len(empty)} of {len(items)} items, "
+                f"first {items[empty[0]].get('path', f'item {empty[0]}')}"
+            )
     receipt_ids = [str(item["receipt_id"]) for item in items]
     identities = {receipt_id: i for i, receipt_id in enumerate(sorted(set(receipt_ids)))}
     if len(identities) < 2:
-        raise ValueError(f"an audit needs at least 2 receipts, the index holds {len(identities)} "
-                         f"({len(items)} items)")
+        raise ValueError(f"an audit needs at least 2 receipts, the index holds {len(identities)} ({len(items)} items)")
     x = l2_normalise(embeddings)
     labels = np.array([identities[r] for r in receipt_ids])
     largest = int(np.bincount(labels).max())

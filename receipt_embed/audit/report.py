@@ -41,8 +41,9 @@ def _figure(width=6.0, height=3.6):
     return plt.subplots(figsize=(width, height))
 
 
-def similarity_histogram(x: np.ndarray, labels: np.ndarray, values: np.ndarray, attribute: str,
-                         max_items: int = 3000, seed: int = 0) -> str:
+def similarity_histogram(
+    x: np.ndarray, labels: np.ndarray, values: np.ndarray, attribute: str, max_items: int = 3000, seed: int = 0
+) -> str:
     """Positives against negatives, negatives split by same / other attribute value."""
     from receipt_embed.audit.figures import pair_similarities
 
@@ -72,16 +73,19 @@ def agreement_bars(shortcuts: dict) -> str:
     positions = np.arange(len(names))
     ax.bar(positions - 0.2, [shortcuts[n]["knn_agreement"] for n in names], 0.4, label="kNN agreement", color="tab:red")
     ax.bar(positions + 0.2, [shortcuts[n]["base_rate"] for n in names], 0.4, label="chance", color="tab:gray")
-    ax.set_xticks(positions, [f"{literal(n)}\nlift {shortcuts[n]['lift']:.2f}" if shortcuts[n]["lift"] else literal(n)
-                              for n in names])
+    ax.set_xticks(
+        positions,
+        [f"{literal(n)}\nlift {shortcuts[n]['lift']:.2f}" if shortcuts[n]["lift"] else literal(n) for n in names],
+    )
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of other-receipt neighbours\nwith the same value")
     ax.legend(fontsize=8)
     return _png(fig)
 
 
-def projection(x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: str, seed: int = 0,
-               identities: bool = False) -> str:
+def projection(
+    x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: str, seed: int = 0, identities: bool = False
+) -> str:
     """PCA to 2-D, coloured by an attribute, or by a dozen identities (the rest grey)."""
     from sklearn.decomposition import PCA
 
@@ -96,7 +100,15 @@ def projection(x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: 
     if identities:
         counts = np.unique(labels[subset], return_counts=True)
         multi = counts[0][counts[1] > 1]
-        shown = set(np.random.default_rng(seed).choice(multi, min(len(multi), MAX_COLOURED_IDENTITIES), replace=False).tolist()) if len(multi) else set()
+        shown = (
+            set(
+                np.random.default_rng(seed)
+                .choice(multi, min(len(multi), MAX_COLOURED_IDENTITIES), replace=False)
+                .tolist()
+            )
+            if len(multi)
+            else set()
+        )
         rest = np.array([label not in shown for label in labels[subset]])
         ax.scatter(points[rest, 0], points[rest, 1], s=6, color="lightgray")
         for k, label in enumerate(sorted(shown)):
@@ -152,8 +164,16 @@ def worst_failures(x: np.ndarray, labels: np.ndarray, count: int = 8) -> list[di
             positives = np.array([m for m in members[labels[row]] if m != row])
             best = positives[np.argmax(sims[r, positives])]
             rank = int((sims[r] > sims[r, best]).sum()) + 1
-            found.append({"query": int(row), "wrong": int(top[r]), "wrong_similarity": float(sims[r, top[r]]),
-                          "positive": int(best), "positive_similarity": float(sims[r, best]), "positive_rank": rank})
+            found.append(
+                {
+                    "query": int(row),
+                    "wrong": int(top[r]),
+                    "wrong_similarity": float(sims[r, top[r]]),
+                    "positive": int(best),
+                    "positive_similarity": float(sims[r, best]),
+                    "positive_rank": rank,
+                }
+            )
     found.sort(key=lambda f: f["positive_similarity"] - f["wrong_similarity"])
     return found[:count]
 

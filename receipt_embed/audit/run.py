@@ -50,19 +50,38 @@ def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, r
     def card(row: int) -> dict:
         item = index_dir.items[row]
         allowed = roots.check(row, item.get("path"))
-        return {"row": row, "receipt_id": item.get("receipt_id"), "path": item.get("path"),
-                "thumbnail": thumbnail(item.get("path")) if allowed else None, "refused": not allowed,
-                **{a: item.get(a) for a in attributes}}
+        return {
+            "row": row,
+            "receipt_id": item.get("receipt_id"),
+            "path": item.get("path"),
+            "thumbnail": thumbnail(item.get("path")) if allowed else None,
+            "refused": not allowed,
+            **{a: item.get(a) for a in attributes},
+        }
 
     failures = worst_failures(index_dir.embeddings, labels, count)
-    return [{**f, "query_item": card(f["query"]), "wrong_item": card(f["wrong"]), "positive_item": card(f["positive"])}
-            for f in failures]
+    return [
+        {**f, "query_item": card(f["query"]), "wrong_item": card(f["wrong"]), "positive_item": card(f["positive"])}
+        for f in failures
+    ]
 
 
-def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *, k: int = 10,
-              rule: FlagRule = FlagRule(), gallery: int = 8, context: tuple[str, ...] = (),
-              registry=None, skip_checks=frozenset(), check_params: dict | None = None,
-              images_roots=(), log=lambda message: None, force: bool = False) -> dict:
+def run_audit(
+    index_path: str | Path,
+    attributes: list[str],
+    out: str | Path,
+    *,
+    k: int = 10,
+    rule: FlagRule = FlagRule(),
+    gallery: int = 8,
+    context: tuple[str, ...] = (),
+    registry=None,
+    skip_checks=frozenset(),
+    check_params: dict | None = None,
+    images_roots=(),
+    log=lambda message: None,
+    force: bool = False,
+) -> dict:
     """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures.
 
     With a plugin ``registry``, its audit checks (``register_audit_checks``) run too, but those
@@ -81,17 +100,28 @@ def run_audit(index_path: str | Path, attributes: list[str], out: str | Path, *,
     read_meta(index_path)  # a missing index dir is named before the lock makes the report's parent
     with write_lock(out):
         check_replaceable(out, "audit", force)
-        figures, html = _audit(index_path, attributes, k=k, rule=rule, gallery=gallery, context=context,
-                               registry=registry, skip_checks=skip_checks, check_params=check_params,
-                               images_roots=images_roots, log=log)
+        figures, html = _audit(
+            index_path,
+            attributes,
+            k=k,
+            rule=rule,
+            gallery=gallery,
+            context=context,
+            registry=registry,
+            skip_checks=skip_checks,
+            check_params=check_params,
+            images_roots=images_roots,
+            log=log,
+        )
         with replace_dir(out, "audit", force) as staging:
             atomic_write_json(staging / AUDIT_JSON, figures)
             atomic_write_text(staging / AUDIT_HTML, html)
     return figures
 
 
-def _audit(index_path, attributes, *, k, rule, gallery, context, registry, skip_checks, check_params,
-           images_roots, log) -> tuple[dict, str]:
+def _audit(
+    index_path, attributes, *, k, rule, gallery, context, registry, skip_checks, check_params, images_roots, log
+) -> tuple[dict, str]:
     """The figures and the HTML report of one audit."""
     import warnings
 
@@ -103,25 +133,30 @@ def _audit(index_path, attributes, *, k, rule, gallery, context, registry, skip_
     log(f"auditing {index_dir.count} items for {', '.join([*attributes, *context])}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # degenerate inputs are reported as null figures
-        figures = json_safe(audit_figures(index_dir.embeddings, index_dir.items, attributes, k=k, rule=rule,
-                                          context=tuple(context)))
+        figures = json_safe(
+            audit_figures(index_dir.embeddings, index_dir.items, attributes, k=k, rule=rule, context=tuple(context))
+        )
     if figures["k"] < k:
         warnings.warn(f"k = {k} is not below the number of other-receipt items; used k = {figures['k']}")
     attributes = list(figures["shortcuts"])  # the testable ones
     meta = index_dir.meta
     figures["dim"] = meta["dim"]
-    figures["index"] = {"path": str(index_dir.path.resolve()), "factory": meta["factory"],
-                        "features": meta.get("features"), "source": meta["source"]}
+    figures["index"] = {
+        "path": str(index_dir.path.resolve()),
+        "factory": meta["factory"],
+        "features": meta.get("features"),
+        "source": meta["source"],
+    }
 
     x = index_dir.embeddings
     receipt_ids = np.array([str(item["receipt_id"]) for item in index_dir.items])
     labels = np.unique(receipt_ids, return_inverse=True)[1]
     shared = x.view()
     shared.setflags(write=False)  # checks read the audited vectors; they cannot change the rest of the report
-    check_context = AuditContext(shared, [dict(item) for item in index_dir.items], labels.copy(), list(attributes),
-                                 figures["k"], index_dir.path)
-    figures["checks"], check_plots = run_checks(registry, check_context, log=log, skip=skip_checks,
-                                                params=check_params)
+    check_context = AuditContext(
+        shared, [dict(item) for item in index_dir.items], labels.copy(), list(attributes), figures["k"], index_dir.path
+    )
+    figures["checks"], check_plots = run_checks(registry, check_context, log=log, skip=skip_checks, params=check_params)
     figures["flagged_checks"] = [name for name, result in figures["checks"].items() if result["flagged"]]
 
     log("drawing plots")
@@ -143,14 +178,25 @@ def _audit(index_path, attributes, *, k, rule, gallery, context, registry, skip_
     if roots.warning():
         warnings.warn(roots.warning())
     source = meta["source"]
-    source_text = (f"checkpoint {source.get('checkpoint')}" if source.get("kind") == "checkpoint"
-                   else f"external embeddings {source.get('embeddings')}")
-    html = report.render_html({
-        "figures": figures, "plots": plots, "attributes": attributes, "verdict": verdict_lines(figures),
-        "gallery": gallery_cards, "gallery_size": gallery,
-        "index": {**figures["index"], "source": source_text}, "max_projected": report.MAX_PROJECTED,
-        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "version": __version__,
-    })
+    source_text = (
+        f"checkpoint {source.get('checkpoint')}"
+        if source.get("kind") == "checkpoint"
+        else f"external embeddings {source.get('embeddings')}"
+    )
+    html = report.render_html(
+        {
+            "figures": figures,
+            "plots": plots,
+            "attributes": attributes,
+            "verdict": verdict_lines(figures),
+            "gallery": gallery_cards,
+            "gallery_size": gallery,
+            "index": {**figures["index"], "source": source_text},
+            "max_projected": report.MAX_PROJECTED,
+            "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "version": __version__,
+        }
+    )
     return figures, html
 
 
@@ -165,8 +211,10 @@ def verdict_lines(figures: dict) -> list[str]:
     for name in figures["flagged"]:
         lines.append(f"SHORTCUT: {name} ({'; '.join(figures['shortcuts'][name]['reasons'])})")
     if figures["collapsed"]:
-        lines.append(f"COLLAPSED: effective rank {figures['diagnostics']['effective_rank']:.2f}; the embeddings lie "
-                     "on nearly one line, so no figure can be trusted")
+        lines.append(
+            f"COLLAPSED: effective rank {figures['diagnostics']['effective_rank']:.2f}; the embeddings lie "
+            "on nearly one line, so no figure can be trusted"
+        )
     for name in figures.get("flagged_checks", []):
         result = figures["checks"][name]
         lines.append(f"CHECK {name} ({result['plugin']}): {result['summary'] or 'flagged'}")
@@ -187,18 +235,25 @@ def summary(figures: dict) -> str:
     """A few lines for the terminal: the verdict first."""
     retrieval = figures["retrieval"]
     lines = []
-    lines.append(f"retrieval over {retrieval['n_queries']} queries: recall@1 {_num(retrieval['recall_at_1'])}, "
-                 f"recall@5 {_num(retrieval['recall_at_5'])}, recall@10 {_num(retrieval['recall_at_10'])}, "
-                 f"mAP {_num(retrieval['map'])}")
+    lines.append(
+        f"retrieval over {retrieval['n_queries']} queries: recall@1 {_num(retrieval['recall_at_1'])}, "
+        f"recall@5 {_num(retrieval['recall_at_5'])}, recall@10 {_num(retrieval['recall_at_10'])}, "
+        f"mAP {_num(retrieval['map'])}"
+    )
     for name, s in figures["shortcuts"].items():
         cross = retrieval["cross_attribute"][name]
-        cross_text = (f"cross-{name} recall@1 {_num(cross['recall_at_1'])}" if cross["n_queries"]
-                      else f"no receipt has captures with different {name} values")
+        cross_text = (
+            f"cross-{name} recall@1 {_num(cross['recall_at_1'])}"
+            if cross["n_queries"]
+            else f"no receipt has captures with different {name} values"
+        )
         role = " (context, never flagged)" if s["context"] else ""
-        lines.append(f"{name}{role}: {cross_text}; kNN lift {_num(s['lift'], 2)} (agreement "
-                     f"{_num(s['knn_agreement'])} vs chance {_num(s['base_rate'])}, z {_num(s['lift_z'], 1)}); "
-                     f"probe {_num(s['probe_accuracy'])} vs chance {_num(s['probe_chance'])} "
-                     f"on {s['probe_test_items']} held-out items")
+        lines.append(
+            f"{name}{role}: {cross_text}; kNN lift {_num(s['lift'], 2)} (agreement "
+            f"{_num(s['knn_agreement'])} vs chance {_num(s['base_rate'])}, z {_num(s['lift_z'], 1)}); "
+            f"probe {_num(s['probe_accuracy'])} vs chance {_num(s['probe_chance'])} "
+            f"on {s['probe_test_items']} held-out items"
+        )
     for name, result in figures.get("checks", {}).items():
         if result["summary"] and name not in figures.get("flagged_checks", []):
             lines.append(f"check {name}: {result['summary']}")

@@ -20,4 +20,6 @@ def build_capture(image_size, **params):
 @hookimpl
 def register_augmentations(register):
     register("none", build_none, description="resize only (evaluation, baselines)")
-    register("capture", build_capture, description="phone/scanner capture variation: perspective, light, blur, noise, JPEG")
+    register(
+        "capture", build_capture, description="phone/scanner capture variation: perspective, light, blur, noise, JPEG"
+    )

@@ -30,8 +30,11 @@ def build_receipt_cnn(**params):
 
 @hookimpl
 def register_encoders(register):
-    register("receipt_cnn", build_receipt_cnn,
-             description="small plain CNN for page layout; fast to train from scratch on a CPU")
+    register(
+        "receipt_cnn",
+        build_receipt_cnn,
+        description="small plain CNN for page layout; fast to train from scratch on a CPU",
+    )
     for arch in BACKBONES:
         register(
             arch,

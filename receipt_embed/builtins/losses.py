@@ -19,13 +19,28 @@ def _factory(class_name: str):
 
 @hookimpl
 def register_losses(register):
-    register("ntxent", _factory("NTXentLoss"),
-             description="two-view NT-Xent (SimCLR); duplicate identities masked or refused")
-    register("supcon", _factory("SupConLoss"),
-             description="multi-positive SupCon L_out (Khosla et al. 2020) for P x K batches")
-    register("debiased", _factory("DebiasedContrastiveLoss"),
-             description="debiased contrastive loss (Chuang et al. 2020), param tau_plus")
-    register("hard_negative", _factory("HardNegativeLoss"),
-             description="hard-negative reweighting (Robinson et al. 2021), params beta, tau_plus")
-    register("moco", _factory("MoCoLoss"),
-             description="InfoNCE against a checkpointed, identity-labelled key queue (MoCo); call with keys=")
+    register(
+        "ntxent",
+        _factory("NTXentLoss"),
+        description="two-view NT-Xent (SimCLR); duplicate identities masked or refused",
+    )
+    register(
+        "supcon",
+        _factory("SupConLoss"),
+        description="multi-positive SupCon L_out (Khosla et al. 2020) for P x K batches",
+    )
+    register(
+        "debiased",
+        _factory("DebiasedContrastiveLoss"),
+        description="debiased contrastive loss (Chuang et al. 2020), param tau_plus",
+    )
+    register(
+        "hard_negative",
+        _factory("HardNegativeLoss"),
+        description="hard-negative reweighting (Robinson et al. 2021), params beta, tau_plus",
+    )
+    register(
+        "moco",
+        _factory("MoCoLoss"),
+        description="InfoNCE against a checkpointed, identity-labelled key queue (MoCo); call with keys=",
+    )

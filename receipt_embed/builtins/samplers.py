@@ -19,6 +19,9 @@ def build_pk(identities, batch_size, seed, **params):
 
 @hookimpl
 def register_samplers(register):
-    register("unique_identity", build_unique_identity,
-             description="distinct identities per batch, two views each (different captures when available)")
+    register(
+        "unique_identity",
+        build_unique_identity,
+        description="distinct identities per batch, two views each (different captures when available)",
+    )
     register("pk", build_pk, description="P identities x K views (params: k, tail) for multi-positive losses")

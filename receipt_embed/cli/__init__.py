@@ -28,7 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("receipt_embed.cli.config:config", "Print the resolved configuration."),
     "demo": ("receipt_embed.cli.demo:demo", "Run the whole pipeline on the bundled data_samples/."),
     "index": ("receipt_embed.cli.index:index", "Embed captures into a FAISS index dir."),
-    "index-merge": ("receipt_embed.cli.index:index_merge", "Join the shard dirs of `index --shard` into one index dir."),
+    "index-merge": (
+        "receipt_embed.cli.index:index_merge",
+        "Join the shard dirs of `index --shard` into one index dir.",
+    ),
     "search": ("receipt_embed.cli.search:search", "Find a receipt's other captures, or all near-duplicate pairs."),
     "audit-shortcuts": (
         "receipt_embed.cli.audit:audit_shortcuts",
@@ -106,9 +109,11 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except click.NoSuchOption as exc:  # a global option given after the command
             if exc.option_name in ("--plugins-dir", "--strict-plugins"):
-                exc.message += (f" {exc.option_name} is an option of receipt-embed itself: put it before the command, "
-                                f"e.g. receipt-embed {exc.option_name}{' DIR' if exc.option_name == '--plugins-dir' else ''} "
-                                f"{ctx.invoked_subcommand or 'COMMAND'} ...")
+                exc.message += (
+                    f" {exc.option_name} is an option of receipt-embed itself: put it before the command, "
+                    f"e.g. receipt-embed {exc.option_name}{' DIR' if exc.option_name == '--plugins-dir' else ''} "
+                    f"{ctx.invoked_subcommand or 'COMMAND'} ..."
+                )
             raise
 
     def format_commands(self, ctx, formatter):

@@ -11,38 +11,113 @@ from receipt_embed.cli.options import InputError, load_registry
 
 @click.command("audit-shortcuts")
 @click.argument("index_dir", type=click.Path(file_okay=False))
-@click.option("--attribute", "attributes", multiple=True, default=("device",), show_default=True,
-              help="Metadata column tested as a shortcut (repeatable; giving any replaces the default device).")
-@click.option("--context-attribute", "context", multiple=True,
-              help="Column reported with the same figures but never flagged, for attributes expected to cluster "
-                   "(e.g. merchant: one shop's receipts share a template). Repeatable.")
-@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Other-receipt neighbours per item for the kNN agreement.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Report dir for audit.json and audit.html [INDEX_DIR/audit].")
-@click.option("--max-lift", type=click.FloatRange(min=1.0), default=1.3, show_default=True,
-              help="Flag when kNN agreement exceeds this multiple of chance (and --min-z holds).")
-@click.option("--min-z", type=click.FloatRange(min=0), default=3.0, show_default=True,
-              help="The lift test also needs the agreement this many standard errors above chance.")
-@click.option("--max-probe-gain", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Flag when a linear probe's (accuracy - chance) / (1 - chance) exceeds this, on at least "
-                   "20 held-out items.")
-@click.option("--gallery", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Worst retrieval failures shown with thumbnails (0: none).")
-@click.option("--fail-on-shortcut", is_flag=True,
-              help="Exit with code 1 when an attribute or a plugin check is flagged, or the space has collapsed (a CI gate).")
-@click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
-              help="Do not run this plugin audit check (repeatable; `receipt-embed plugins` lists them).")
-@click.option("--check-set", "check_settings", multiple=True, metavar="NAME.KEY=VALUE",
-              help="A parameter for a plugin audit check, e.g. hubness.max_skewness=5 (repeatable).")
-@click.option("--images-root", "images_roots", multiple=True, type=click.Path(file_okay=False, exists=True),
-              help="Folder the gallery may read thumbnails from besides the dataset's capture folders "
-                   "(repeatable); images anywhere else are not read.")
+@click.option(
+    "--attribute",
+    "attributes",
+    multiple=True,
+    default=("device",),
+    show_default=True,
+    help="Metadata column tested as a shortcut (repeatable; giving any replaces the default device).",
+)
+@click.option(
+    "--context-attribute",
+    "context",
+    multiple=True,
+    help="Column reported with the same figures but never flagged, for attributes expected to cluster "
+    "(e.g. merchant: one shop's receipts share a template). Repeatable.",
+)
+@click.option(
+    "-k",
+    "--k",
+    "k",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Other-receipt neighbours per item for the kNN agreement.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Report dir for audit.json and audit.html [INDEX_DIR/audit].",
+)
+@click.option(
+    "--max-lift",
+    type=click.FloatRange(min=1.0),
+    default=1.3,
+    show_default=True,
+    help="Flag when kNN agreement exceeds this multiple of chance (and --min-z holds).",
+)
+@click.option(
+    "--min-z",
+    type=click.FloatRange(min=0),
+    default=3.0,
+    show_default=True,
+    help="The lift test also needs the agreement this many standard errors above chance.",
+)
+@click.option(
+    "--max-probe-gain",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Flag when a linear probe's (accuracy - chance) / (1 - chance) exceeds this, on at least 20 held-out items.",
+)
+@click.option(
+    "--gallery",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="Worst retrieval failures shown with thumbnails (0: none).",
+)
+@click.option(
+    "--fail-on-shortcut",
+    is_flag=True,
+    help="Exit with code 1 when an attribute or a plugin check is flagged, or the space has collapsed (a CI gate).",
+)
+@click.option(
+    "--skip-check",
+    "skip_checks",
+    multiple=True,
+    metavar="NAME",
+    help="Do not run this plugin audit check (repeatable; `receipt-embed plugins` lists them).",
+)
+@click.option(
+    "--check-set",
+    "check_settings",
+    multiple=True,
+    metavar="NAME.KEY=VALUE",
+    help="A parameter for a plugin audit check, e.g. hubness.max_skewness=5 (repeatable).",
+)
+@click.option(
+    "--images-root",
+    "images_roots",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="Folder the gallery may read thumbnails from besides the dataset's capture folders "
+    "(repeatable); images anywhere else are not read.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
-@click.option("--force", is_flag=True,
-              help="Replace an existing report in the report dir (written whole, then swapped in).")
-def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z, max_probe_gain, gallery,
-                    fail_on_shortcut, skip_checks, check_settings, images_roots, quiet, force):
+@click.option(
+    "--force", is_flag=True, help="Replace an existing report in the report dir (written whole, then swapped in)."
+)
+def audit_shortcuts(
+    index_dir,
+    attributes,
+    context,
+    k,
+    out_dir,
+    max_lift,
+    min_z,
+    max_probe_gain,
+    gallery,
+    fail_on_shortcut,
+    skip_checks,
+    check_settings,
+    images_roots,
+    quiet,
+    force,
+):
     """Does the embedding find a receipt's other captures, and does it cluster by capture
     metadata (device, ...) more than chance? Writes audit.json and a self-contained audit.html.
 
@@ -62,11 +137,21 @@ def audit_shortcuts(index_dir, attributes, context, k, out_dir, max_lift, min_z,
     registry = load_registry(click.get_current_context())
     try:
         skip, params = parse_check_settings(registry, skip_checks, check_settings)
-        figures = run_audit(index_dir, list(dict.fromkeys(attributes)), out, k=k,
-                            rule=FlagRule(max_lift, max_probe_gain, min_z), gallery=gallery,
-                            context=tuple(dict.fromkeys(c for c in context if c not in attributes)),
-                            registry=registry, skip_checks=skip, check_params=params,
-                            images_roots=images_roots, log=log, force=force)
+        figures = run_audit(
+            index_dir,
+            list(dict.fromkeys(attributes)),
+            out,
+            k=k,
+            rule=FlagRule(max_lift, max_probe_gain, min_z),
+            gallery=gallery,
+            context=tuple(dict.fromkeys(c for c in context if c not in attributes)),
+            registry=registry,
+            skip_checks=skip,
+            check_params=params,
+            images_roots=images_roots,
+            log=log,
+            force=force,
+        )
     except (IndexDirError, OSError, ValueError, AuditCheckError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))

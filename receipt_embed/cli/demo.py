@@ -41,8 +41,9 @@ def heldout_retrieval(checkpoint: Path, dataset: Path, registry) -> dict:
     heldout = select_split(load_dataset_dir(dataset), "heldout")
     verify_captures(heldout.rows)
     return {
-        features: retrieval_metrics(embed_paths(loaded, heldout.paths, features=features, digests=heldout.digests),
-                                    heldout.labels)
+        features: retrieval_metrics(
+            embed_paths(loaded, heldout.paths, features=features, digests=heldout.digests), heldout.labels
+        )
         for features in FEATURES
     }
 
@@ -54,11 +55,18 @@ def meta_first_path(index_dir: Path) -> str:
 
 @click.command()
 @click.option("--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
-@click.option("--samples", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Sample folder with manifest.csv [data_samples/, generated if absent].")
+@click.option(
+    "--samples",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Sample folder with manifest.csv [data_samples/, generated if absent].",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-@click.option("--force", is_flag=True,
-              help="Replace a demo run already in OUT (each part is kept until its new copy is complete).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a demo run already in OUT (each part is kept until its new copy is complete).",
+)
 @config_options
 @click.pass_context
 def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
@@ -76,15 +84,22 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
         with write_lock(out):
             check_demo_out(out, samples)
             if (out / "run" / "checkpoints" / "last.pt").exists() and not force:
-                raise InputError(f"{out} already holds a demo run; pass --force to replace it, remove it or pass "
-                                 "another --out")
+                raise InputError(
+                    f"{out} already holds a demo run; pass --force to replace it, remove it or pass another --out"
+                )
             _run_demo(config, registry, out, samples, quiet)
     except (OSError, ValueError) as exc:  # a second writer, a full disk, a part of OUT that is not ours
         raise InputError(str(exc)) from None
 
 
-DEMO_PARTS = {"samples": None, "dataset": "dataset", "run": "run", "index": "index", "audit": "audit",
-              "heldout_retrieval.json": None}
+DEMO_PARTS = {
+    "samples": None,
+    "dataset": "dataset",
+    "run": "run",
+    "index": "index",
+    "audit": "audit",
+    "heldout_retrieval.json": None,
+}
 
 
 def check_demo_out(out: Path, samples) -> None:
@@ -110,16 +125,19 @@ def check_demo_out(out: Path, samples) -> None:
         elif kind is not None:
             ours = dir_kind(part) in (None, kind)
         else:
-            ours = not part.is_symlink() and (not part.exists() or part.is_file() if name.endswith(".json")
-                                                else not part.exists() or part.is_dir())
+            ours = not part.is_symlink() and (
+                not part.exists() or part.is_file() if name.endswith(".json") else not part.exists() or part.is_dir()
+            )
         if not ours:
             raise InputError(f"{foreign} (in {part}), not a demo run; {never}")
     if samples is not None:
         given, target = Path(samples).resolve(), out.resolve()
         if given.is_relative_to(target) and not given.is_relative_to(target / "samples"):
             where = "is" if given == target else "holds"
-            raise InputError(f"--out {out} {where} the samples folder {samples} this command reads; writing there "
-                             "would destroy its own input: choose another --out")
+            raise InputError(
+                f"--out {out} {where} the samples folder {samples} this command reads; writing there "
+                "would destroy its own input: choose another --out"
+            )
 
 
 def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
@@ -143,11 +161,20 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
     result = ingest(source, out / "dataset", config.ingest, progress=progress, force=True)
     click.echo(result.summary())
 
-    click.echo(f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
-               f"{config.train.epochs} epochs -> {out / 'run'}")
+    click.echo(
+        f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
+        f"{config.train.epochs} epochs -> {out / 'run'}"
+    )
     try:
-        trained = train(config, out / "dataset", out / "run", registry, progress=progress, force=True,
-                        log=(lambda message: None) if quiet else (lambda message: click.echo(f"  {message}")))
+        trained = train(
+            config,
+            out / "dataset",
+            out / "run",
+            registry,
+            progress=progress,
+            force=True,
+            log=(lambda message: None) if quiet else (lambda message: click.echo(f"  {message}")),
+        )
     except PLUGIN_FAILURES as exc:
         raise InputError(str(exc)) from None
     click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
@@ -155,24 +182,39 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
     atomic_write_json(out / "heldout_retrieval.json", figures)
     for features, f in figures.items():
-        click.echo(f"  held-out ({f['n_queries']} captures) {features} features: recall@1 {f['recall_at_1']:.3f}, "
-                   f"recall@5 {f['recall_at_5']:.3f}, mAP {f['map']:.3f}")
+        click.echo(
+            f"  held-out ({f['n_queries']} captures) {features} features: recall@1 {f['recall_at_1']:.3f}, "
+            f"recall@5 {f['recall_at_5']:.3f}, mAP {f['map']:.3f}"
+        )
     from receipt_embed.indexing import index_dataset
 
     features = config.train.select_on
-    click.echo(f"[3/4] index the held-out captures ({features} features, the ones the checkpoint was selected on) "
-               f"-> {out / 'index'}")
-    meta = index_dataset(out / "run" / "checkpoints" / "best.pt", out / "dataset", out / "index", registry,
-                         split="heldout", features=features, progress=progress, force=True)
-    click.echo(f"  {meta['count']} items of dim {meta['dim']}. Try: receipt-embed search {out / 'index'} "
-               f"{meta_first_path(out / 'index')} --k 3\n  (the query itself comes first, marked [same file]; "
-               "its receipt's other captures should follow)")
+    click.echo(
+        f"[3/4] index the held-out captures ({features} features, the ones the checkpoint was selected on) "
+        f"-> {out / 'index'}"
+    )
+    meta = index_dataset(
+        out / "run" / "checkpoints" / "best.pt",
+        out / "dataset",
+        out / "index",
+        registry,
+        split="heldout",
+        features=features,
+        progress=progress,
+        force=True,
+    )
+    click.echo(
+        f"  {meta['count']} items of dim {meta['dim']}. Try: receipt-embed search {out / 'index'} "
+        f"{meta_first_path(out / 'index')} --k 3\n  (the query itself comes first, marked [same file]; "
+        "its receipt's other captures should follow)"
+    )
     from receipt_embed.audit.run import run_audit, summary
 
     click.echo(f"[4/4] audit-shortcuts {out / 'index'} for device (merchant as context) -> {out / 'audit'}")
     try:
-        figures = run_audit(out / "index", ["device"], out / "audit", context=("merchant",), registry=registry,
-                            force=True)
+        figures = run_audit(
+            out / "index", ["device"], out / "audit", context=("merchant",), registry=registry, force=True
+        )
     except PLUGIN_FAILURES as exc:
         raise InputError(str(exc)) from None
     click.echo("\n".join(f"  {line}" for line in summary(figures).splitlines()))

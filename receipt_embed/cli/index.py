@@ -11,36 +11,100 @@ from receipt_embed.display import printable
 
 
 @click.command()
-@click.option("--checkpoint", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Checkpoint to embed with, e.g. RUN_DIR/checkpoints/best.pt.")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Dataset dir from `ingest` whose captures are indexed (with --checkpoint).")
-@click.option("--split", type=click.Choice(["all", "train", "val", "heldout"]), default="all", show_default=True,
-              help="Which captures of --data to index.")
-@click.option("--features", type=click.Choice(["backbone", "head"]), default="backbone", show_default=True,
-              help="backbone: the encoder's features, meant for downstream use; head: the projection head's output.")
-@click.option("--embeddings", "embeddings_file", type=click.Path(dir_okay=False), default=None,
-              help="Index these (N, D) .npy embeddings of any model instead of embedding images.")
-@click.option("--manifest", default=None, type=click.Path(exists=True),
-              help="With --embeddings: manifest (CSV/JSONL or dataset dir) whose row i is embedding row i.")
+@click.option(
+    "--checkpoint",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Checkpoint to embed with, e.g. RUN_DIR/checkpoints/best.pt.",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Dataset dir from `ingest` whose captures are indexed (with --checkpoint).",
+)
+@click.option(
+    "--split",
+    type=click.Choice(["all", "train", "val", "heldout"]),
+    default="all",
+    show_default=True,
+    help="Which captures of --data to index.",
+)
+@click.option(
+    "--features",
+    type=click.Choice(["backbone", "head"]),
+    default="backbone",
+    show_default=True,
+    help="backbone: the encoder's features, meant for downstream use; head: the projection head's output.",
+)
+@click.option(
+    "--embeddings",
+    "embeddings_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Index these (N, D) .npy embeddings of any model instead of embedding images.",
+)
+@click.option(
+    "--manifest",
+    default=None,
+    type=click.Path(exists=True),
+    help="With --embeddings: manifest (CSV/JSONL or dataset dir) whose row i is embedding row i.",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
-@click.option("--factory", default="Flat", show_default=True,
-              help="FAISS index-factory string: Flat (exact), HNSW32, IVF1024,Flat, IVF4096,PQ64, ...")
-@click.option("--target-recall", type=click.FloatRange(0, 1), default=0.95, show_default=True,
-              help="Approximate indexes: raise nprobe/efSearch until recall@10 against exact search reaches this.")
-@click.option("--train-size", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="Approximate indexes: vectors sampled to train the quantizers.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Images per forward pass.")
-@click.option("--shard", default=None, metavar="I/N",
-              help="Embed only slice I of N (0-based) into a shard dir; join the N shards with `index-merge`.")
+@click.option(
+    "--factory",
+    default="Flat",
+    show_default=True,
+    help="FAISS index-factory string: Flat (exact), HNSW32, IVF1024,Flat, IVF4096,PQ64, ...",
+)
+@click.option(
+    "--target-recall",
+    type=click.FloatRange(0, 1),
+    default=0.95,
+    show_default=True,
+    help="Approximate indexes: raise nprobe/efSearch until recall@10 against exact search reaches this.",
+)
+@click.option(
+    "--train-size",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Approximate indexes: vectors sampled to train the quantizers.",
+)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per forward pass."
+)
+@click.option(
+    "--shard",
+    default=None,
+    metavar="I/N",
+    help="Embed only slice I of N (0-based) into a shard dir; join the N shards with `index-merge`.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--force", is_flag=True,
-              help="Replace an existing index (or shard) dir in --out; the old one stays until the new one is "
-                   "complete.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing index (or shard) dir in --out; the old one stays until the new one is complete.",
+)
 @click.pass_context
-def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest, out_dir, factory, target_recall,
-          train_size, batch_size, shard, quiet, force):
+def index(
+    ctx,
+    checkpoint,
+    data_dir,
+    split,
+    features,
+    embeddings_file,
+    manifest,
+    out_dir,
+    factory,
+    target_recall,
+    train_size,
+    batch_size,
+    shard,
+    quiet,
+    force,
+):
     """Embed captures (or take external embeddings) into a FAISS index dir.
 
     Vectors are L2-normalised and searched by inner product (cosine similarity). The dir
@@ -56,21 +120,27 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
     from receipt_embed.training.checkpoint import CheckpointError
 
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
-    options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log,
-               "force": force}
-    given = {name for name in ("split", "features", "batch_size", "target_recall", "train_size")
-             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log, "force": force}
+    given = {
+        name
+        for name in ("split", "features", "batch_size", "target_recall", "train_size")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    }
     if shard is None and factory.replace(" ", "") in ("Flat", "IDMap,Flat") and given & {"target_recall", "train_size"}:
         click.echo(f"Warning: {factory} is exact: --target-recall and --train-size do not apply", err=True)
     try:
         if embeddings_file is not None:
-            images_only = [f"--{name.replace('_', '-')}" for name in ("split", "features", "batch_size") if name in given]
+            images_only = [
+                f"--{name.replace('_', '-')}" for name in ("split", "features", "batch_size") if name in given
+            ]
             if shard is not None:
                 raise InputError("--shard splits the embedding of images; external --embeddings are already made")
             if checkpoint or data_dir or images_only:
-                raise InputError("--embeddings takes --manifest; " + ", ".join(
-                    ["--checkpoint"] * bool(checkpoint) + ["--data"] * bool(data_dir) + images_only
-                ) + " are for embedding images")
+                raise InputError(
+                    "--embeddings takes --manifest; "
+                    + ", ".join(["--checkpoint"] * bool(checkpoint) + ["--data"] * bool(data_dir) + images_only)
+                    + " are for embedding images"
+                )
             if manifest is None:
                 raise InputError("--embeddings needs --manifest: the captures its rows belong to, in order")
             meta = index_embeddings(embeddings_file, manifest, out_dir, **options)
@@ -83,37 +153,81 @@ def index(ctx, checkpoint, data_dir, split, features, embeddings_file, manifest,
             if shard is not None:
                 from receipt_embed.indexing.shards import parse_shard
 
-                merge_options = [f"--{name.replace('_', '-')}" for name in ("factory", "target_recall", "train_size")
-                                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+                merge_options = [
+                    f"--{name.replace('_', '-')}"
+                    for name in ("factory", "target_recall", "train_size")
+                    if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+                ]
                 if merge_options:
-                    raise InputError(f"{', '.join(merge_options)} belong(s) to `index-merge`: a shard holds vectors, "
-                                     "the merge builds the index")
-                meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split, features=features,
-                                     batch_size=batch_size, progress=not quiet and sys.stderr.isatty(),
-                                     shard=parse_shard(shard), log=log, force=force)
-                click.echo(f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
-                           f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`")
+                    raise InputError(
+                        f"{', '.join(merge_options)} belong(s) to `index-merge`: a shard holds vectors, "
+                        "the merge builds the index"
+                    )
+                meta = index_dataset(
+                    checkpoint,
+                    data_dir,
+                    out_dir,
+                    registry,
+                    split=split,
+                    features=features,
+                    batch_size=batch_size,
+                    progress=not quiet and sys.stderr.isatty(),
+                    shard=parse_shard(shard),
+                    log=log,
+                    force=force,
+                )
+                click.echo(
+                    f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
+                    f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`"
+                )
                 return
-            meta = index_dataset(checkpoint, data_dir, out_dir, registry, split=split, features=features,
-                                 batch_size=batch_size, progress=not quiet and sys.stderr.isatty(), **options)
+            meta = index_dataset(
+                checkpoint,
+                data_dir,
+                out_dir,
+                registry,
+                split=split,
+                features=features,
+                batch_size=batch_size,
+                progress=not quiet and sys.stderr.isatty(),
+                **options,
+            )
     except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
     params = printable(meta["search_params"] or "no search parameter")
-    recall = "" if meta["exact"] else (
-        f", recall@10 {meta['recall_at_10']:.3f} against exact search ({params}"
-        + (f", below the target {target_recall}" if meta["recall_at_10"] < target_recall else "") + ")")
-    click.echo(f"Indexed {meta['count']} items of dim {meta['dim']} with {printable(meta['factory'])}{recall} -> "
-               f"{printable(out_dir)}")
+    recall = (
+        ""
+        if meta["exact"]
+        else (
+            f", recall@10 {meta['recall_at_10']:.3f} against exact search ({params}"
+            + (f", below the target {target_recall}" if meta["recall_at_10"] < target_recall else "")
+            + ")"
+        )
+    )
+    click.echo(
+        f"Indexed {meta['count']} items of dim {meta['dim']} with {printable(meta['factory'])}{recall} -> "
+        f"{printable(out_dir)}"
+    )
 
 
 @click.command("index-merge")
 @click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
 @click.option("--factory", default="Flat", show_default=True, help="FAISS index-factory string (as for `index`).")
-@click.option("--target-recall", type=click.FloatRange(0, 1), default=0.95, show_default=True,
-              help="Approximate indexes: tune search parameters to this recall@10 against exact search.")
-@click.option("--train-size", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="Approximate indexes: vectors sampled across all shards to train the one shared quantizer.")
+@click.option(
+    "--target-recall",
+    type=click.FloatRange(0, 1),
+    default=0.95,
+    show_default=True,
+    help="Approximate indexes: tune search parameters to this recall@10 against exact search.",
+)
+@click.option(
+    "--train-size",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Approximate indexes: vectors sampled across all shards to train the one shared quantizer.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Less output.")
 @click.option("--force", is_flag=True, help="Replace an existing index dir in --out (swapped in once complete).")
 def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet, force):
@@ -128,9 +242,18 @@ def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet, 
 
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     try:
-        meta = merge_shards(list(shard_dirs), out_dir, factory=factory, target_recall=target_recall,
-                            train_size=train_size, log=log, force=force)
+        meta = merge_shards(
+            list(shard_dirs),
+            out_dir,
+            factory=factory,
+            target_recall=target_recall,
+            train_size=train_size,
+            log=log,
+            force=force,
+        )
     except (IndexBuildError, IndexDirError, OSError, ValueError, KeyError) as exc:
         raise InputError(str(exc)) from None
-    click.echo(f"Merged {len(shard_dirs)} shards: {meta['count']} items of dim {meta['dim']} with "
-               f"{printable(meta['factory'])} -> {printable(out_dir)}")
+    click.echo(
+        f"Merged {len(shard_dirs)} shards: {meta['count']} items of dim {meta['dim']} with "
+        f"{printable(meta['factory'])} -> {printable(out_dir)}"
+    )

@@ -25,20 +25,44 @@ def _ratios(ctx, param, value):
 @click.command()
 @click.argument("source", type=ExistingPath())
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Dataset dir to write.")
-@click.option("--split-ratios", callback=_ratios, default=None, help="train,val,heldout shares of identities [0.8,0.1,0.1].")
+@click.option(
+    "--split-ratios", callback=_ratios, default=None, help="train,val,heldout shares of identities [0.8,0.1,0.1]."
+)
 @click.option("--seed", type=int, default=None, help="Split seed [ingest.seed].")
-@click.option("--max-pixels", type=click.IntRange(min=1), default=None, help="Reject larger images [ingest.max_pixels].")
-@click.option("--max-bytes", type=click.IntRange(min=1), default=None,
-              help="Reject larger capture files unread [ingest.max_bytes].")
+@click.option(
+    "--max-pixels", type=click.IntRange(min=1), default=None, help="Reject larger images [ingest.max_pixels]."
+)
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Reject larger capture files unread [ingest.max_bytes].",
+)
 @click.option("--allow-absolute-paths", is_flag=True, default=None, help="Accept absolute paths in the manifest.")
 @click.option("--merge-duplicates", is_flag=True, default=None, help="Join receipt_ids whose files are identical.")
 @click.option("--strict", is_flag=True, help="Exit with code 1 when any row was rejected.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--force", is_flag=True,
-              help="Replace an existing dataset dir in --out (swapped in whole once the new one is complete).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing dataset dir in --out (swapped in whole once the new one is complete).",
+)
 @config_options
-def ingest(source, out_dir, split_ratios, seed, max_pixels, max_bytes, allow_absolute_paths, merge_duplicates, strict,
-           quiet, force, config_file, overrides):
+def ingest(
+    source,
+    out_dir,
+    split_ratios,
+    seed,
+    max_pixels,
+    max_bytes,
+    allow_absolute_paths,
+    merge_duplicates,
+    strict,
+    quiet,
+    force,
+    config_file,
+    overrides,
+):
     """Check every capture listed in SOURCE (a CSV/JSONL manifest, or a folder holding
     manifest.csv or manifest.jsonl) and write OUT/manifest.jsonl and OUT/ingest_report.json.
 

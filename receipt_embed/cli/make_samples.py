@@ -14,27 +14,54 @@ from receipt_embed import samples
 
 
 @click.command("make-samples")
-@click.option("--receipts", type=int, default=60, show_default=True,
-              help="Number of synthetic receipts to render (not with --from-scans).")
-@click.option("--devices", type=int, default=3, show_default=True,
-              help=f"Capture each receipt with the first D device profiles "
-                   f"({', '.join(d.name for d in samples.DEVICES)}).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed; the same seed and options give byte-identical files.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Output folder: images/ and manifest.csv are written there.")
-@click.option("--from-scans", "scans_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              default=None, help="Capture the receipt scans in this folder instead of rendering receipts.")
+@click.option(
+    "--receipts",
+    type=int,
+    default=60,
+    show_default=True,
+    help="Number of synthetic receipts to render (not with --from-scans).",
+)
+@click.option(
+    "--devices",
+    type=int,
+    default=3,
+    show_default=True,
+    help=f"Capture each receipt with the first D device profiles ({', '.join(d.name for d in samples.DEVICES)}).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed; the same seed and options give byte-identical files.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Output folder: images/ and manifest.csv are written there.",
+)
+@click.option(
+    "--from-scans",
+    "scans_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Capture the receipt scans in this folder instead of rendering receipts.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
-def make_samples(ctx: click.Context, receipts: int, devices: int, seed: int, out_dir: Path,
-                 scans_dir: Path | None, quiet: bool) -> None:
+def make_samples(
+    ctx: click.Context, receipts: int, devices: int, seed: int, out_dir: Path, scans_dir: Path | None, quiet: bool
+) -> None:
     """Render synthetic receipts captured by simulated devices, with a manifest.csv."""
     available = len(samples.DEVICES)
     if not 1 <= devices <= available:
         raise click.BadParameter(
             f"{devices} is not between 1 and {available}, the number of device profiles "
-            f"({', '.join(d.name for d in samples.DEVICES)}).", param_hint="--devices")
+            f"({', '.join(d.name for d in samples.DEVICES)}).",
+            param_hint="--devices",
+        )
     if scans_dir is not None:
         if ctx.get_parameter_source("receipts") is not ParameterSource.DEFAULT:
             raise click.UsageError("--receipts cannot be combined with --from-scans (every scan is used).")
@@ -42,13 +69,16 @@ def make_samples(ctx: click.Context, receipts: int, devices: int, seed: int, out
         if not scans:
             raise click.BadParameter(
                 f"no receipt images ({', '.join(sorted(samples.SCAN_SUFFIXES))}) in {scans_dir}.",
-                param_hint="--from-scans")
+                param_hint="--from-scans",
+            )
         receipts = len(scans)
     elif receipts < 1:
         raise click.BadParameter(f"must be at least 1, got {receipts}.", param_hint="--receipts")
 
     started = time.perf_counter()
-    with tqdm(total=receipts * devices, unit="capture", file=sys.stderr, disable=quiet or not sys.stderr.isatty()) as bar:
+    with tqdm(
+        total=receipts * devices, unit="capture", file=sys.stderr, disable=quiet or not sys.stderr.isatty()
+    ) as bar:
         try:
             if scans_dir is not None:
                 manifest = samples.capture_scans(scans, out_dir, devices, seed, progress=bar.update)
@@ -57,5 +87,7 @@ def make_samples(ctx: click.Context, receipts: int, devices: int, seed: int, out
         except ValueError as err:
             raise click.UsageError(str(err)) from err
     names = ", ".join(d.name for d in samples.select_devices(devices))
-    click.echo(f"Wrote {receipts * devices} captures ({receipts} receipts x {devices} devices: {names}) "
-               f"and {manifest} in {time.perf_counter() - started:.1f}s")
+    click.echo(
+        f"Wrote {receipts * devices} captures ({receipts} receipts x {devices} devices: {names}) "
+        f"and {manifest} in {time.perf_counter() - started:.1f}s"
+    )

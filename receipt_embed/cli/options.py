@@ -72,8 +72,10 @@ def check_components(config, registry) -> None:
     from receipt_embed.registry import ComponentError
 
     for kind, name in (
-        ("encoder", config.model.encoder), ("loss", config.loss.name),
-        ("augmentation", config.augment.preset), ("sampler", config.sampler.name),
+        ("encoder", config.model.encoder),
+        ("loss", config.loss.name),
+        ("augmentation", config.augment.preset),
+        ("sampler", config.sampler.name),
     ):
         try:
             registry.get(kind, name)

@@ -30,8 +30,11 @@ def describe(registry) -> dict:
             )
     return {
         "plugins": [
-            {**asdict(info), "components": sorted(by_plugin[name], key=lambda c: (c["kind"], c["name"])),
-             "hooks": call_hooks(registry, name)}
+            {
+                **asdict(info),
+                "components": sorted(by_plugin[name], key=lambda c: (c["kind"], c["name"])),
+                "hooks": call_hooks(registry, name),
+            }
             for name, info in registry.plugins.items()
         ],
         "failed": [{"name": name, "error": error} for name, error in registry.failures.items()],
@@ -54,8 +57,9 @@ def plugins(ctx, as_json, config_file, overrides):
         version = f" {printable(plugin['version'])}" if plugin["version"] else ""
         click.echo(f"{printable(plugin['name'])}{version}  [{plugin['source']}: {printable(plugin['location'])}]")
         for component in plugin["components"]:
-            click.echo(f"    {component['kind']:<13} {printable(component['name']):<22} "
-                       f"{printable(component['description'])}")
+            click.echo(
+                f"    {component['kind']:<13} {printable(component['name']):<22} {printable(component['description'])}"
+            )
         for hook in plugin["hooks"]:
             click.echo(f"    {'hook':<13} {hook}")
     for failure in info["failed"]:

@@ -19,8 +19,12 @@ def _print_results(results: list[dict], threshold) -> None:
         click.echo(printable(result["query"]))
         if threshold is not None:
             match = result["match"]
-            verdict = (f"DUPLICATE of receipt {printable(match['receipt_id'])} (similarity {match['similarity']:.3f} "
-                       f">= {threshold})" if match else f"no duplicate (best similarity below {threshold})")
+            verdict = (
+                f"DUPLICATE of receipt {printable(match['receipt_id'])} (similarity {match['similarity']:.3f} "
+                f">= {threshold})"
+                if match
+                else f"no duplicate (best similarity below {threshold})"
+            )
             click.echo(f"  {verdict}")
         for rank, hit in enumerate(result["neighbours"], start=1):
             same = "  [same file]" if hit["same_file"] else ""
@@ -32,14 +36,27 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.argument("index_dir", type=click.Path(file_okay=False))
 @click.argument("images", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Neighbours per query.")
-@click.option("--threshold", type=click.FloatRange(-1, 1), default=None,
-              help="Cosine similarity at or above which a neighbour counts as a duplicate.")
+@click.option(
+    "--threshold",
+    type=click.FloatRange(-1, 1),
+    default=None,
+    help="Cosine similarity at or above which a neighbour counts as a duplicate.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--checkpoint", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="The index's checkpoint at a new location (its sha256 must match index.json).")
+@click.option(
+    "--checkpoint",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="The index's checkpoint at a new location (its sha256 must match index.json).",
+)
 @click.option("--all-pairs", is_flag=True, help="Every pair of indexed items at or above --threshold (no IMAGEs).")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
-              help="With --all-pairs: CSV to write the pairs to ('-' for standard output).")
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --all-pairs: CSV to write the pairs to ('-' for standard output).",
+)
 @click.option("--force", is_flag=True, help="With --all-pairs --out FILE: replace an existing FILE.")
 @click.pass_context
 def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs, out_file, force):
@@ -52,8 +69,11 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
 
-    given = {name for name in ("k", "as_json", "checkpoint")
-             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    given = {
+        name
+        for name in ("k", "as_json", "checkpoint")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    }
     if all_pairs:
         if images:
             raise InputError("--all-pairs compares the indexed items with each other; give no IMAGE arguments")
@@ -66,8 +86,10 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
         if not images:
             raise InputError("give one or more IMAGE files to search for (or --all-pairs)")
         if out_file is not None or force:
-            raise InputError(f"{'--out' if out_file is not None else '--force'} is for --all-pairs; image queries "
-                             "print to standard output (--json for JSON)")
+            raise InputError(
+                f"{'--out' if out_file is not None else '--force'} is for --all-pairs; image queries "
+                "print to standard output (--json for JSON)"
+            )
     try:
         if all_pairs:
             check_pairs_out(out_file, index_dir, force)
@@ -75,8 +97,9 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
         if all_pairs:
             _all_pairs(loaded_index, threshold, out_file)
             return
-        results = search_images(loaded_index, list(images), load_registry(ctx), k=k, threshold=threshold,
-                                checkpoint=checkpoint)
+        results = search_images(
+            loaded_index, list(images), load_registry(ctx), k=k, threshold=threshold, checkpoint=checkpoint
+        )
     except (IndexDirError, CheckpointError, ComponentError, OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
     if as_json:
@@ -93,8 +116,10 @@ def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
         return
     out, index = Path(out_file).resolve(), Path(index_dir).resolve()
     if out == index or out.is_relative_to(index):
-        raise InputError(f"--out {out_file} is inside the index dir {index_dir} this command reads; writing there "
-                         "would change the index dir: choose another --out")
+        raise InputError(
+            f"--out {out_file} is inside the index dir {index_dir} this command reads; writing there "
+            "would change the index dir: choose another --out"
+        )
     if Path(out_file).exists() or Path(out_file).is_symlink():
         if not Path(out_file).is_file():
             raise InputError(f"--out {out_file} exists and is not a regular file: choose another --out")
@@ -147,7 +172,10 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
         with atomic_open(out_file, "w") as handle:
             write(handle)
     labelled = f": {counts['true']} same receipt, {counts['false']} different receipts" + (
-        f", {counts['']} unlabelled" if counts[""] else "")
+        f", {counts['']} unlabelled" if counts[""] else ""
+    )
     where = "" if out_file == "-" else f" -> {out_file}"
-    click.echo(f"{len(a)} pairs with similarity >= {threshold} among {index_dir.count} items{labelled}{where}",
-               err=out_file == "-")
+    click.echo(
+        f"{len(a)} pairs with similarity >= {threshold} among {index_dir.count} items{labelled}{where}",
+        err=out_file == "-",
+    )

@@ -55,11 +55,15 @@ def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int, force:
     if resume:
         saved = load_checkpoint(last).get("world_size", 1)
         if saved != nproc:
-            raise CheckpointError(f"{last} was written by a run over {saved} process(es); resume it with the same "
-                                  f"number (--nproc {saved}), not {nproc}: the global batches would differ")
+            raise CheckpointError(
+                f"{last} was written by a run over {saved} process(es); resume it with the same "
+                f"number (--nproc {saved}), not {nproc}: the global batches would differ"
+            )
     elif last.exists() and not force:
-        raise CheckpointError(f"{out} already holds a run ({last}); pass --resume to continue it, --force to replace it, "
-                              "or choose another --out")
+        raise CheckpointError(
+            f"{out} already holds a run ({last}); pass --resume to continue it, --force to replace it, "
+            "or choose another --out"
+        )
 
 
 def launch_torchrun(nproc: int, out: Path) -> int:
@@ -81,10 +85,21 @@ def launch_torchrun(nproc: int, out: Path) -> int:
             skip = True
         elif not arg.startswith("--nproc="):
             args.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "receipt_embed", *args]
-    click.echo("launching " + shlex.join(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "receipt_embed", *args]),
-               err=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "receipt_embed",
+        *args,
+    ]
+    click.echo(
+        "launching "
+        + shlex.join(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "receipt_embed", *args]),
+        err=True,
+    )
     from receipt_embed.locking import held_locks_env
 
     child = subprocess.Popen(command, env={**os.environ, **held_locks_env(out)})
@@ -117,20 +132,46 @@ def worker_message(exc: Exception) -> str:
 
 
 @click.command()
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Dataset dir from `ingest` [data_samples/, ingested on the fly].")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/train", show_default=True,
-              help="Run dir: config.yaml, metrics.jsonl, checkpoints/.")
-@click.option("--resume", is_flag=True,
-              help="Continue the run in --out from checkpoints/last.pt, with the run's config.yaml (unless --config).")
-@click.option("--sweep", default=None, metavar="KEY=V1,V2,...",
-              help="Train once per value (e.g. loss.temperature=0.05,0.1,0.2) into OUT/KEY=V; pick by val recall@1.")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Dataset dir from `ingest` [data_samples/, ingested on the fly].",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="runs/train",
+    show_default=True,
+    help="Run dir: config.yaml, metrics.jsonl, checkpoints/.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run in --out from checkpoints/last.pt, with the run's config.yaml (unless --config).",
+)
+@click.option(
+    "--sweep",
+    default=None,
+    metavar="KEY=V1,V2,...",
+    help="Train once per value (e.g. loss.temperature=0.05,0.1,0.2) into OUT/KEY=V; pick by val recall@1.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars; one log line per epoch.")
-@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes on this machine (torch.distributed via torchrun; gloo on CPU, nccl on GPU).")
-@click.option("--force", is_flag=True,
-              help="Replace the run in --out: its files are set aside and deleted only once the new run has written "
-                   "its first checkpoint (restored if it stops before).")
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Processes on this machine (torch.distributed via torchrun; gloo on CPU, nccl on GPU).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace the run in --out: its files are set aside and deleted only once the new run has written "
+    "its first checkpoint (restored if it stops before).",
+)
 @config_options
 @click.pass_context
 def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_file, overrides):
@@ -185,9 +226,11 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
         check_components(config, registry)
     except InputError as exc:
         if recorded and recorded != config.plugins.dir:
-            raise InputError(f"{exc.message} The run was trained with plugins from {recorded}: resume with "
-                             f"`receipt-embed --plugins-dir {recorded} train --out {out_dir} --resume` (plugins are "
-                             "never loaded from a folder a run dir names).") from None
+            raise InputError(
+                f"{exc.message} The run was trained with plugins from {recorded}: resume with "
+                f"`receipt-embed --plugins-dir {recorded} train --out {out_dir} --resume` (plugins are "
+                "never loaded from a folder a run dir names)."
+            ) from None
         raise
     if config.plugins.dir is None:
         config.plugins.dir = recorded  # keep the record for the next resume
@@ -198,14 +241,25 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         with write_lock(out_dir) if main else nullcontext():  # reentrant: train() takes it again
-            _train(config, registry, data_dir, Path(out_dir), resume, sweep, quiet, nproc, force, world,
-                   config_file, overrides)
+            _train(
+                config,
+                registry,
+                data_dir,
+                Path(out_dir),
+                resume,
+                sweep,
+                quiet,
+                nproc,
+                force,
+                world,
+                config_file,
+                overrides,
+            )
     except ValueError as exc:  # the lock is held by another writer, or the disk is full
         raise InputError(str(exc)) from None
 
 
-def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world, config_file,
-           overrides) -> None:
+def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world, config_file, overrides) -> None:
     """The run itself, under the run dir's writer lock."""
     import os
 
@@ -236,8 +290,18 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
                 raise InputError("--resume cannot be combined with --sweep")
             from receipt_embed.training.sweep import format_sweep, run_sweep
 
-            summary = run_sweep(sweep, config_file, overrides, data, out, registry, progress=progress, log=log,
-                                plugins_dir=config.plugins.dir, force=force)
+            summary = run_sweep(
+                sweep,
+                config_file,
+                overrides,
+                data,
+                out,
+                registry,
+                progress=progress,
+                log=log,
+                plugins_dir=config.plugins.dir,
+                force=force,
+            )
             click.echo(format_sweep(summary))
             click.echo(f"Wrote {out / 'sweep.json'}; losses at different values are not compared")
             return
@@ -258,5 +322,9 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
         shutdown()
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    best = f"best val recall@1 {result.best_recall_at_1:.3f} at epoch {result.best_epoch}" if result.best_epoch else "no val split"
+    best = (
+        f"best val recall@1 {result.best_recall_at_1:.3f} at epoch {result.best_epoch}"
+        if result.best_epoch
+        else "no val split"
+    )
     click.echo(f"Trained {out}: {best}; checkpoints in {out / 'checkpoints'}")

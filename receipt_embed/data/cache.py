@@ -31,14 +31,20 @@ def cache_size(image_size: tuple[int, int], margin: float = 1.25) -> tuple[int, 
 REINGEST = "re-run `receipt-embed ingest` (or restore the file)"
 
 
-def load_capture(path: str, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
-                 max_bytes: int | None = DEFAULT_MAX_BYTES, sha256: str | None = None) -> np.ndarray:
+def load_capture(
+    path: str,
+    size: tuple[int, int],
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    sha256: str | None = None,
+) -> np.ndarray:
     """One capture, read once: its bytes are checked against the sha256 ingest recorded
     (when given; hashing bytes already in memory is cheap), then decoded to ``size``."""
     data = read_regular(path, max_bytes)
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise CaptureChanged(f"{path} changed since ingest: its content (sha256) differs from manifest.jsonl; "
-                             f"{REINGEST}")
+        raise CaptureChanged(
+            f"{path} changed since ingest: its content (sha256) differs from manifest.jsonl; {REINGEST}"
+        )
     return resize_bytes(data, size, max_pixels, name=str(path))
 
 
@@ -49,20 +55,30 @@ class ImageCache:
     is decoded; ``digests`` (sha256 per path, None to skip one) refuse files replaced since
     ingest. The first bad file stops the cache with one error naming it."""
 
-    def __init__(self, paths: list[str], size: tuple[int, int], progress: bool = False, workers: int = 2,
-                 max_pixels: int = DEFAULT_MAX_PIXELS, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                 digests: Sequence[str | None] | None = None):
+    def __init__(
+        self,
+        paths: list[str],
+        size: tuple[int, int],
+        progress: bool = False,
+        workers: int = 2,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+        digests: Sequence[str | None] | None = None,
+    ):
         self.size = size
         digests = list(digests) if digests is not None else [None] * len(paths)
         if len(digests) != len(paths):
             raise ValueError(f"{len(digests)} digests for {len(paths)} paths")
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            decoded = pool.map(lambda job: load_capture(job[0], size, max_pixels, max_bytes, job[1]),
-                               zip(paths, digests))
+            decoded = pool.map(
+                lambda job: load_capture(job[0], size, max_pixels, max_bytes, job[1]), zip(paths, digests)
+            )
             try:
-                self.images = np.stack(
-                    list(tqdm(decoded, total=len(paths), desc="decoding", unit="img", disable=not progress))
-                ) if paths else np.zeros((0, *size, 3), np.uint8)
+                self.images = (
+                    np.stack(list(tqdm(decoded, total=len(paths), desc="decoding", unit="img", disable=not progress)))
+                    if paths
+                    else np.zeros((0, *size, 3), np.uint8)
+                )
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)  # one bad file: stop, do not decode the rest
                 raise

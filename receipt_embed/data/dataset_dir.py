@@ -51,7 +51,9 @@ def _load_dataset_dir_once(path: str | Path) -> list[dict]:
     except UnusableFile as exc:
         if exc.reason != "missing_file":
             raise
-        raise FileNotFoundError(f"{manifest} not found: is {path} a dataset dir written by `receipt-embed ingest`?") from None
+        raise FileNotFoundError(
+            f"{manifest} not found: is {path} a dataset dir written by `receipt-embed ingest`?"
+        ) from None
     rows = read_jsonl(manifest)
     for number, row in enumerate(rows, start=1):
         missing = [k for k in ("path", "receipt_id", "device", "split") if k not in row]
@@ -105,5 +107,11 @@ def cache_captures(captures: Captures, size: tuple[int, int], settings, progress
     """The decoded cache of some captures, each checked against its manifest.jsonl record;
     ``settings`` (an IngestConfig) caps the bytes read and the pixels decoded per file."""
     verify_captures(captures.rows)
-    return ImageCache(captures.paths, size, progress=progress, max_pixels=settings.max_pixels,
-                      max_bytes=settings.max_bytes, digests=captures.digests)
+    return ImageCache(
+        captures.paths,
+        size,
+        progress=progress,
+        max_pixels=settings.max_pixels,
+        max_bytes=settings.max_bytes,
+        digests=captures.digests,
+    )

@@ -38,8 +38,15 @@ def to_tensor(image: np.ndarray, grayscale: bool) -> torch.Tensor:
 class ViewDataset(Dataset):
     """``dataset[(capture_index, seed)]`` -> (augmented view as a tensor, identity label)."""
 
-    def __init__(self, cache: ImageCache, transform, grayscale: bool, labels: list[int], image_size=None,
-                 source: str = "the augmentation"):
+    def __init__(
+        self,
+        cache: ImageCache,
+        transform,
+        grayscale: bool,
+        labels: list[int],
+        image_size=None,
+        source: str = "the augmentation",
+    ):
         self.cache, self.transform, self.grayscale, self.labels = cache, transform, grayscale, labels
         self.image_size, self.source = (tuple(image_size) if image_size else None), source
 
@@ -50,12 +57,15 @@ class ViewDataset(Dataset):
         index, seed = key
         self.transform.set_random_seed(seed)
         view = self.transform(image=self.cache[index])["image"]
-        if self.image_size is not None:  # a preset that skips the resize or returns floats would train on the wrong input
-            if (not isinstance(view, np.ndarray) or view.dtype != np.uint8
-                    or view.shape != (*self.image_size, 3)):
+        if (
+            self.image_size is not None
+        ):  # a preset that skips the resize or returns floats would train on the wrong input
+            if not isinstance(view, np.ndarray) or view.dtype != np.uint8 or view.shape != (*self.image_size, 3):
                 got = f"{view.dtype} {view.shape}" if isinstance(view, np.ndarray) else type(view).__name__
-                raise ValueError(f"{self.source} returned a {got} view; views must be uint8 of "
-                                 f"{self.image_size[0]} x {self.image_size[1]} (data.image_size) x 3")
+                raise ValueError(
+                    f"{self.source} returned a {got} view; views must be uint8 of "
+                    f"{self.image_size[0]} x {self.image_size[1]} (data.image_size) x 3"
+                )
         return to_tensor(view, self.grayscale), self.labels[index]
 
 
@@ -91,12 +101,16 @@ class SeededBatches:
             if self.n_captures is not None:
                 bad = [i for i in batch if not _valid_index(i, self.n_captures)]
                 if bad:
-                    raise ValueError(f"{self.source} yielded {bad[0]!r} in batch {step + 1} of epoch {self.epoch + 1}; "
-                                     f"indices must be integers in 0..{self.n_captures - 1} (the training captures)")
+                    raise ValueError(
+                        f"{self.source} yielded {bad[0]!r} in batch {step + 1} of epoch {self.epoch + 1}; "
+                        f"indices must be integers in 0..{self.n_captures - 1} (the training captures)"
+                    )
             yield [(int(index), view_seed(self.seed, self.epoch, step, slot)) for slot, index in enumerate(batch)]
 
 
-def clean_batches(images: np.ndarray, image_size: tuple[int, int], grayscale: bool, batch_size: int) -> Iterator[torch.Tensor]:
+def clean_batches(
+    images: np.ndarray, image_size: tuple[int, int], grayscale: bool, batch_size: int
+) -> Iterator[torch.Tensor]:
     """Cached captures (N, H', W', 3) resized to the model input, without augmentation, in order."""
     import cv2
 

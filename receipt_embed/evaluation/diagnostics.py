@@ -80,7 +80,10 @@ def similarity_quantiles(x: np.ndarray, labels: np.ndarray, max_items: int = 204
     def describe(values):
         if not len(values):
             return {"mean": None, **{f"q{int(q * 100):02d}": None for q in QUANTILES}}
-        return {"mean": float(values.mean()), **{f"q{int(q * 100):02d}": float(np.quantile(values, q)) for q in QUANTILES}}
+        return {
+            "mean": float(values.mean()),
+            **{f"q{int(q * 100):02d}": float(np.quantile(values, q)) for q in QUANTILES},
+        }
 
     return {"positive": describe(positives), "negative": describe(negatives)}
 

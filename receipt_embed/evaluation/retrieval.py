@@ -74,8 +74,12 @@ def mean_average_precision(embeddings: np.ndarray, labels: np.ndarray, queries: 
         for r, row in enumerate(rows):
             positives = np.array([m for m in members[labels[row]] if m != row])
             scores = sims[r]
-            ranks = np.array([1 + np.count_nonzero(scores > scores[p])
-                              + np.count_nonzero((scores == scores[p]) & (columns < p)) for p in positives])
+            ranks = np.array(
+                [
+                    1 + np.count_nonzero(scores > scores[p]) + np.count_nonzero((scores == scores[p]) & (columns < p))
+                    for p in positives
+                ]
+            )
             ranks.sort()
             total += float(np.mean(np.arange(1, len(ranks) + 1) / ranks))
     return total / len(query_ids)

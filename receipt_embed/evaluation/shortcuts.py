@@ -30,4 +30,9 @@ def attribute_lift(embeddings: np.ndarray, labels, values, k: int = 10) -> dict:
         pool = len(labels) - group_size[labels[i]]
         base.append((value_count[values[i]] - same_pair[(labels[i], values[i])]) / pool)
     agreement, base_rate = float(np.mean(agreements)), float(np.mean(base))
-    return {"knn_agreement": agreement, "base_rate": base_rate, "lift": agreement / base_rate if base_rate else None, "k": k}
+    return {
+        "knn_agreement": agreement,
+        "base_rate": base_rate,
+        "lift": agreement / base_rate if base_rate else None,
+        "k": k,
+    }

@@ -5,5 +5,14 @@ from receipt_embed.indexing.factory import IndexBuildError, build_index
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, load_index_dir
 from receipt_embed.indexing.search import all_pairs, search_images
 
-__all__ = ["IndexBuildError", "IndexDir", "IndexDirError", "all_pairs", "build_index", "index_dataset",
-           "index_embeddings", "load_index_dir", "search_images"]
+__all__ = [
+    "IndexBuildError",
+    "IndexDir",
+    "IndexDirError",
+    "all_pairs",
+    "build_index",
+    "index_dataset",
+    "index_embeddings",
+    "load_index_dir",
+    "search_images",
+]

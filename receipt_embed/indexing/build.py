@@ -29,10 +29,22 @@ def checkpoint_source(checkpoint: str | Path) -> dict:
     return {"kind": "checkpoint", "checkpoint": str(checkpoint), "checkpoint_sha256": sha256_file(checkpoint)}
 
 
-def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path, registry, *, split: str = "all",
-                  factory: str = "Flat", features: str = "backbone", batch_size: int = 128, progress: bool = False,
-                  shard: tuple[int, int] | None = None, log=lambda message: None, force: bool = False,
-                  **build_options) -> dict:
+def index_dataset(
+    checkpoint: str | Path,
+    data_dir: str | Path,
+    out: str | Path,
+    registry,
+    *,
+    split: str = "all",
+    factory: str = "Flat",
+    features: str = "backbone",
+    batch_size: int = 128,
+    progress: bool = False,
+    shard: tuple[int, int] | None = None,
+    log=lambda message: None,
+    force: bool = False,
+    **build_options,
+) -> dict:
     """Embed a dataset dir's captures with a checkpoint and write an index dir (or, with
     ``shard=(i, n)``, a shard dir holding rows i/n of them for ``index-merge``).
 
@@ -41,13 +53,39 @@ def index_dataset(checkpoint: str | Path, data_dir: str | Path, out: str | Path,
     refuse_own_input(out, {"dataset dir": data_dir, "checkpoint": checkpoint})
     with write_lock(out):  # held from the checks to the swap: a second writer is refused before embedding
         check_replaceable(out, "index" if shard is None else "shard", force)
-        return _index_dataset(checkpoint, data_dir, out, registry, split=split, factory=factory, features=features,
-                              batch_size=batch_size, progress=progress, shard=shard, log=log, force=force,
-                              **build_options)
+        return _index_dataset(
+            checkpoint,
+            data_dir,
+            out,
+            registry,
+            split=split,
+            factory=factory,
+            features=features,
+            batch_size=batch_size,
+            progress=progress,
+            shard=shard,
+            log=log,
+            force=force,
+            **build_options,
+        )
 
 
-def _index_dataset(checkpoint, data_dir, out, registry, *, split, factory, features, batch_size, progress, shard, log,
-                   force, **build_options) -> dict:
+def _index_dataset(
+    checkpoint,
+    data_dir,
+    out,
+    registry,
+    *,
+    split,
+    factory,
+    features,
+    batch_size,
+    progress,
+    shard,
+    log,
+    force,
+    **build_options,
+) -> dict:
     from receipt_embed.data.dataset_dir import load_dataset_dir, select_split, verify_captures
     from receipt_embed.embedding import load_model
 
@@ -56,8 +94,10 @@ def _index_dataset(checkpoint, data_dir, out, registry, *, split, factory, featu
         raise ValueError(f"{data_dir} has no captures in split {split!r}")
     gone = [path for path in captures.paths if not Path(path).is_file()]
     if gone:
-        raise FileNotFoundError(f"{len(gone)} captures listed in {Path(data_dir) / 'manifest.jsonl'} are missing, "
-                                f"first {gone[0]}; were they moved since `receipt-embed ingest`? Re-run it")
+        raise FileNotFoundError(
+            f"{len(gone)} captures listed in {Path(data_dir) / 'manifest.jsonl'} are missing, "
+            f"first {gone[0]}; were they moved since `receipt-embed ingest`? Re-run it"
+        )
     verify_captures(captures.rows)
     source = {**checkpoint_source(checkpoint), "dataset": str(Path(data_dir).resolve()), "split": split}
     loaded = load_model(checkpoint, registry)
@@ -67,21 +107,32 @@ def _index_dataset(checkpoint, data_dir, out, registry, *, split, factory, featu
 
         start, end = shard_rows(len(rows), *shard)
         if start == end:
-            raise ValueError(f"shard {shard[0]}/{shard[1]} of {len(rows)} captures is empty; use at most {len(rows)} shards")
+            raise ValueError(
+                f"shard {shard[0]}/{shard[1]} of {len(rows)} captures is empty; use at most {len(rows)} shards"
+            )
         rows = rows[start:end]
         log(f"shard {shard[0]}/{shard[1]}: rows {start}..{end - 1} of {len(captures)} captures ({split})")
-        embeddings = embed_paths_checked(loaded, [r["path"] for r in rows], features, batch_size, progress,
-                                         [r.get("sha256") for r in rows])
-        meta = {**source, "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"), "features": features,
-                "shard": shard[0], "shards": shard[1], "total": len(captures), "rows": [start, end]}
+        embeddings = embed_paths_checked(
+            loaded, [r["path"] for r in rows], features, batch_size, progress, [r.get("sha256") for r in rows]
+        )
+        meta = {
+            **source,
+            "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"),
+            "features": features,
+            "shard": shard[0],
+            "shards": shard[1],
+            "total": len(captures),
+            "rows": [start, end],
+        }
         return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta, force=force)
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
     embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress, captures.digests)
     if (Path(out) / "shard.json").exists():
         raise ValueError(f"--out {out} is a shard dir; write the index to its own dir")
     built = build_index(embeddings, factory, log=log, **build_options)
-    return write_index_dir(out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features,
-                           force=force)
+    return write_index_dir(
+        out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features, force=force
+    )
 
 
 def embed_paths_checked(loaded, paths, features, batch_size, progress, digests=None) -> np.ndarray:
@@ -132,8 +183,9 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     with handle:
         magic = handle.read(6)
         if magic.startswith(b"PK"):
-            raise ValueError(f"{path}: expected a single .npy array, got an .npz archive "
-                             "(save one array with numpy.save)")
+            raise ValueError(
+                f"{path}: expected a single .npy array, got an .npz archive (save one array with numpy.save)"
+            )
         if magic != b"\x93NUMPY":
             raise ValueError(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
     try:
@@ -160,8 +212,16 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     return array
 
 
-def index_embeddings(embeddings_path: str | Path, manifest: str | Path, out: str | Path, *, factory: str = "Flat",
-                     log=lambda message: None, force: bool = False, **build_options) -> dict:
+def index_embeddings(
+    embeddings_path: str | Path,
+    manifest: str | Path,
+    out: str | Path,
+    *,
+    factory: str = "Flat",
+    log=lambda message: None,
+    force: bool = False,
+    **build_options,
+) -> dict:
     """An index dir from another model's embeddings; row i belongs to the manifest's row i.
     ``out`` is replaced whole (an existing index dir only with ``force``), never an input."""
     refuse_own_input(out, {"embeddings file": embeddings_path, "manifest": manifest})
@@ -174,9 +234,15 @@ def _index_embeddings(embeddings_path, manifest, out, *, factory, log, force, **
     embeddings = load_embeddings(embeddings_path)
     manifest_path, items = read_items_manifest(manifest)
     if len(items) != len(embeddings):
-        raise ValueError(f"{embeddings_path} has {len(embeddings)} rows but {manifest_path} has {len(items)} "
-                         "captures; row i of the embeddings must be row i of the manifest")
-    source = {"kind": "embeddings", "embeddings": str(Path(embeddings_path).resolve()),
-              "embeddings_sha256": sha256_file(embeddings_path), "manifest": str(manifest_path.resolve())}
+        raise ValueError(
+            f"{embeddings_path} has {len(embeddings)} rows but {manifest_path} has {len(items)} "
+            "captures; row i of the embeddings must be row i of the manifest"
+        )
+    source = {
+        "kind": "embeddings",
+        "embeddings": str(Path(embeddings_path).resolve()),
+        "embeddings_sha256": sha256_file(embeddings_path),
+        "manifest": str(manifest_path.resolve()),
+    }
     built = build_index(embeddings, factory, log=log, **build_options)
     return write_index_dir(out, built, built_vectors(embeddings), items, source, None, force=force)

@@ -12,8 +12,16 @@ from pathlib import Path
 import numpy as np
 
 FEATURES = (None, "backbone", "head")
-SOURCE_STRINGS = ("kind", "checkpoint", "checkpoint_sha256", "embeddings", "embeddings_sha256", "manifest",
-                  "dataset", "split")
+SOURCE_STRINGS = (
+    "kind",
+    "checkpoint",
+    "checkpoint_sha256",
+    "embeddings",
+    "embeddings_sha256",
+    "manifest",
+    "dataset",
+    "split",
+)
 ITEM_STRINGS = ("path", "receipt_id")  # every item has them, as strings
 ITEM_OPTIONAL_STRINGS = ("device", "split", "sha256")
 
@@ -31,6 +39,7 @@ def _is_int(value) -> bool:
 
 def check_meta_types(meta: dict, meta_path: Path, error) -> None:
     """Raise ``error`` naming the first key of index.json whose value has the wrong type."""
+
     def bad(*keys: str, wanted: str):
         value = meta
         for key in keys:
@@ -84,10 +93,12 @@ def check_shard_meta(meta, shard_path: Path, error) -> None:
     wrong = next((key for key in SHARD_INTS if not _is_int(meta[key]) or meta[key] < 0), None)
     wrong = wrong or next((key for key in SHARD_STRINGS if not isinstance(meta[key], str)), None)
     if wrong:
-        raise error(f"{shard_path}: {wrong} is {_kind(meta[wrong])} ({meta[wrong]!r:.60}), expected "
-                    f"{'an integer >= 0' if wrong in SHARD_INTS else 'a string'}")
+        raise error(
+            f"{shard_path}: {wrong} is {_kind(meta[wrong])} ({meta[wrong]!r:.60}), expected "
+            f"{'an integer >= 0' if wrong in SHARD_INTS else 'a string'}"
+        )
     if meta.get("features") not in FEATURES:
-        raise error(f"{shard_path}: features is {meta['features']!r:.60}, expected null, \"backbone\" or \"head\"")
+        raise error(f'{shard_path}: features is {meta["features"]!r:.60}, expected null, "backbone" or "head"')
     files = meta["files"]
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise error(f"{shard_path}: files is {_kind(files)}, expected an object of sha256 strings by file name")
@@ -159,12 +170,16 @@ def check_index_matches(index, embeddings: np.ndarray, meta: dict, index_path: P
     try:
         expected = faiss.index_factory(int(meta["dim"]), meta["factory"], faiss.METRIC_INNER_PRODUCT)
     except (RuntimeError, KeyError) as exc:
-        raise error(f"{index_path}: index.json's factory {meta.get('factory')!r} cannot be built by FAISS "
-                    f"({str(exc).strip().splitlines()[-1] if str(exc).strip() else 'missing'})") from None
+        raise error(
+            f"{index_path}: index.json's factory {meta.get('factory')!r} cannot be built by FAISS "
+            f"({str(exc).strip().splitlines()[-1] if str(exc).strip() else 'missing'})"
+        ) from None
     found, wanted = _structure(index), _structure(expected)
     if found != wanted or index.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise error(f"{index_path} is a {' > '.join(found)} index (metric {index.metric_type}), but index.json's "
-                    f"factory {meta['factory']!r} builds {' > '.join(wanted)} (inner product): the file was replaced")
+        raise error(
+            f"{index_path} is a {' > '.join(found)} index (metric {index.metric_type}), but index.json's "
+            f"factory {meta['factory']!r} builds {' > '.join(wanted)} (inner product): the file was replaced"
+        )
     count = len(embeddings)
     if count == 0:
         return
@@ -178,5 +193,7 @@ def check_index_matches(index, embeddings: np.ndarray, meta: dict, index_path: P
     if len(bad):
         row = int(rows[bad[0]])
         wanted_range = "~1 (its own vector)" if exact else f"[-{1 + slack:g}, {1 + slack:g}]"
-        raise error(f"{index_path}: searching it for row {row} of embeddings.npy scores {best[bad[0]]:.4f}, "
-                    f"expected {wanted_range}: the index does not hold the stored vectors")
+        raise error(
+            f"{index_path}: searching it for row {row} of embeddings.npy scores {best[bad[0]]:.4f}, "
+            f"expected {wanted_range}: the index does not hold the stored vectors"
+        )

@@ -97,18 +97,24 @@ def _check_training_size(index, factory: str, size: int, n: int) -> None:
         nlist = getattr(part, "nlist", None)
         if isinstance(nlist, int) and hasattr(part, "cp"):
             if size < nlist:
-                raise IndexBuildError(f"{factory}: cannot train {nlist} IVF lists on {noun}; use fewer lists "
-                                      f"(e.g. IVF{max(1, size // 39)}) or Flat")
+                raise IndexBuildError(
+                    f"{factory}: cannot train {nlist} IVF lists on {noun}; use fewer lists "
+                    f"(e.g. IVF{max(1, size // 39)}) or Flat"
+                )
             if size < 39 * nlist:
                 warnings.warn(f"{factory}: {noun} for {nlist} IVF lists; FAISS advises at least {39 * nlist}")
             part.cp.min_points_per_centroid = 1
         pq = getattr(part, "pq", None)
         if pq is not None and hasattr(pq, "ksub"):
             if size < pq.ksub:
-                raise IndexBuildError(f"{factory}: product quantization with {pq.ksub}-entry codebooks needs at least "
-                                      f"{pq.ksub} training vectors, got {noun}; use Flat, HNSW32 or an SQ8 index")
+                raise IndexBuildError(
+                    f"{factory}: product quantization with {pq.ksub}-entry codebooks needs at least "
+                    f"{pq.ksub} training vectors, got {noun}; use Flat, HNSW32 or an SQ8 index"
+                )
             if size < 39 * pq.ksub:
-                warnings.warn(f"{factory}: {noun} for {pq.ksub}-entry PQ codebooks; FAISS advises at least {39 * pq.ksub}")
+                warnings.warn(
+                    f"{factory}: {noun} for {pq.ksub}-entry PQ codebooks; FAISS advises at least {39 * pq.ksub}"
+                )
             pq.cp.min_points_per_centroid = 1
 
 
@@ -192,9 +198,16 @@ def set_search_params(index, params: str) -> None:
         faiss.ParameterSpace().set_index_parameters(index, params)
 
 
-def build_index(vectors: np.ndarray, factory: str = "Flat", *, train_size: int | None = 100_000,
-                target_recall: float = 0.95, recall_queries: int = 1000, seed: int = 0,
-                log=lambda message: None) -> BuiltIndex:
+def build_index(
+    vectors: np.ndarray,
+    factory: str = "Flat",
+    *,
+    train_size: int | None = 100_000,
+    target_recall: float = 0.95,
+    recall_queries: int = 1000,
+    seed: int = 0,
+    log=lambda message: None,
+) -> BuiltIndex:
     """Index L2-normalised ``vectors`` (N, d) with ``factory``; tune and measure if approximate."""
     vectors = l2_normalise(vectors)
     n, dim = vectors.shape
@@ -227,14 +240,27 @@ def build_index(vectors: np.ndarray, factory: str = "Flat", *, train_size: int |
         gain = best[1] - previous_best[1]
         if previous_best[1] >= 0 and gain < PLATEAU * (target_recall - previous_best[1]):
             # doubling the search cost closed under a tenth of the gap: the codes limit recall
-            log(f"recall rose only {gain:.3f} ({previous_best[0]} -> {best[0]}); keeping the cheaper {previous_best[0]}")
+            log(
+                f"recall rose only {gain:.3f} ({previous_best[0]} -> {best[0]}); keeping the cheaper {previous_best[0]}"
+            )
             best = previous_best
             break
     params, recall = best
     set_search_params(index, params)
     if recall < target_recall:
-        warnings.warn(f"{factory}: recall@{k} {recall:.3f} against exact search stays below the target {target_recall}"
-                      + (f" at the best setting ({params})" if params else " (it has no search parameter to raise)")
-                      + "; finer codes (more PQ bytes, a Refine(SQ8) stage) or Flat/HNSW raise it")
-    return BuiltIndex(index, factory, False, params, round(recall, 4), len(queries), trained_on,
-                      round(built - started, 3), round(time.perf_counter() - built, 3))
+        warnings.warn(
+            f"{factory}: recall@{k} {recall:.3f} against exact search stays below the target {target_recall}"
+            + (f" at the best setting ({params})" if params else " (it has no search parameter to raise)")
+            + "; finer codes (more PQ bytes, a Refine(SQ8) stage) or Flat/HNSW raise it"
+        )
+    return BuiltIndex(
+        index,
+        factory,
+        False,
+        params,
+        round(recall, 4),
+        len(queries),
+        trained_on,
+        round(built - started, 3),
+        round(time.perf_counter() - built, 3),
+    )

@@ -98,8 +98,15 @@ def save_npy(path: Path, vectors: np.ndarray) -> None:
         np.save(_PythonWrites(handle), np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
 
 
-def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
-                    features: str | None, force: bool = False) -> dict:
+def write_index_dir(
+    out: str | Path,
+    built,
+    embeddings: np.ndarray,
+    items: list[dict],
+    source: dict,
+    features: str | None,
+    force: bool = False,
+) -> dict:
     """Write the four files of an index dir; returns the index.json written.
 
     The files go to a staging sibling that replaces ``out`` in one swap (``outdir.replace_dir``),
@@ -108,18 +115,23 @@ def write_index_dir(out: str | Path, built, embeddings: np.ndarray, items: list[
     from receipt_embed.outdir import replace_dir
 
     if len(items) != len(embeddings) or built.index.ntotal != len(embeddings):
-        raise ValueError(f"{len(items)} items, {len(embeddings)} embeddings and {built.index.ntotal} indexed vectors differ")
+        raise ValueError(
+            f"{len(items)} items, {len(embeddings)} embeddings and {built.index.ntotal} indexed vectors differ"
+        )
     with replace_dir(out, "index", force) as staging:
         return _write_index_files(staging, built, embeddings, items, source, features)
 
 
-def _write_index_files(out: Path, built, embeddings: np.ndarray, items: list[dict], source: dict,
-                       features: str | None) -> dict:
+def _write_index_files(
+    out: Path, built, embeddings: np.ndarray, items: list[dict], source: dict, features: str | None
+) -> dict:
     _write_faiss(built.index, out / INDEX_FILE)
     atomic_write_jsonl(out / ITEMS_FILE, items)
     save_npy(out / EMBEDDINGS_FILE, embeddings)
-    files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
-             for name in (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE)}
+    files = {
+        name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
+        for name in (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE)
+    }
     meta = {
         "format_version": FORMAT_VERSION,
         "count": len(items),
@@ -155,20 +167,27 @@ def read_meta(path: str | Path) -> dict:
         meta = json.loads(read_regular_text(meta_path, MAX_META_BYTES))
     except UnusableFile as exc:
         if exc.reason == "missing_file":
-            raise IndexDirError(f"{meta_path} not found: {path} is not a complete index dir "
-                                "(was `receipt-embed index` interrupted?)") from None
+            raise IndexDirError(
+                f"{meta_path} not found: {path} is not a complete index dir (was `receipt-embed index` interrupted?)"
+            ) from None
         raise IndexDirError(_not_usable(exc)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise IndexDirError(f"{meta_path} is not valid JSON: {exc}") from None
     if not isinstance(meta, dict):
-        raise IndexDirError(f"{meta_path} holds a JSON {type(meta).__name__}, not the object `receipt-embed index` writes")
+        raise IndexDirError(
+            f"{meta_path} holds a JSON {type(meta).__name__}, not the object `receipt-embed index` writes"
+        )
     if isinstance(meta.get("format_version"), int) and meta["format_version"] > FORMAT_VERSION:
-        raise IndexDirError(f"{meta_path} has format version {meta['format_version']}, newer than this receipt-embed "
-                            f"reads ({FORMAT_VERSION}); upgrade receipt-embed")
+        raise IndexDirError(
+            f"{meta_path} has format version {meta['format_version']}, newer than this receipt-embed "
+            f"reads ({FORMAT_VERSION}); upgrade receipt-embed"
+        )
     missing = [key for key in ("count", "dim", "factory", "files", "source") if key not in meta]
     if "source" in meta and not isinstance(meta["source"], dict):
-        raise IndexDirError(f"{meta_path}: source is {type(meta['source']).__name__}, not an object: rebuild the "
-                            "index with `receipt-embed index`")
+        raise IndexDirError(
+            f"{meta_path}: source is {type(meta['source']).__name__}, not an object: rebuild the "
+            "index with `receipt-embed index`"
+        )
     source = meta.get("source") or {}
     kind = source.get("kind") if isinstance(source.get("kind"), str) else None
     wanted = {"checkpoint": ("checkpoint", "checkpoint_sha256"), "embeddings": ("embeddings", "embeddings_sha256")}
@@ -255,8 +274,10 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
     try:
         set_search_params(index, meta.get("search_params") or "")
     except RuntimeError as exc:
-        raise IndexDirError(f"{path / META_FILE}: search_params {meta.get('search_params')!r} do not apply to a "
-                            f"{meta['factory']} index ({str(exc).strip().splitlines()[-1]})") from None
+        raise IndexDirError(
+            f"{path / META_FILE}: search_params {meta.get('search_params')!r} do not apply to a "
+            f"{meta['factory']} index ({str(exc).strip().splitlines()[-1]})"
+        ) from None
     return IndexDir(path, index, items, embeddings, meta)
 
 

@@ -19,8 +19,18 @@ from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regul
 # are compared with this tolerance, so T = 1 finds exact duplicates in both search modes
 SIMILARITY_TOLERANCE = 1e-6
 
-PAIR_COLUMNS = ("row_a", "row_b", "similarity", "same_receipt", "receipt_id_a", "receipt_id_b",
-                "device_a", "device_b", "path_a", "path_b")
+PAIR_COLUMNS = (
+    "row_a",
+    "row_b",
+    "similarity",
+    "same_receipt",
+    "receipt_id_a",
+    "receipt_id_b",
+    "device_a",
+    "device_b",
+    "path_a",
+    "path_b",
+)
 
 
 def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) -> Path:
@@ -37,12 +47,15 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
         check_regular(path)  # /dev/zero or a FIFO is named as such, not "not found"
     except UnusableFile as exc:
         if exc.reason != "missing_file":
-            raise IndexDirError(f"checkpoint {exc}" + ("" if override else f" ({index_dir.path} records it; "
-                                "pass --checkpoint PATH to use a copy)")) from None
+            raise IndexDirError(
+                f"checkpoint {exc}"
+                + ("" if override else f" ({index_dir.path} records it; pass --checkpoint PATH to use a copy)")
+            ) from None
         if override:
             raise IndexDirError(f"checkpoint {path} not found") from None
-        raise IndexDirError(f"checkpoint {path} not found: {index_dir.path} was built with it; "
-                            "pass --checkpoint PATH if it moved") from None
+        raise IndexDirError(
+            f"checkpoint {path} not found: {index_dir.path} was built with it; pass --checkpoint PATH if it moved"
+        ) from None
     if sha256_file(path) != source["checkpoint_sha256"]:
         raise IndexDirError(
             f"checkpoint {path} is not the one that built {index_dir.path} (sha256 differs from index.json): "
@@ -67,8 +80,10 @@ def check_queries(paths: list[str], max_pixels: int, max_bytes: int | None = DEF
         except ImageRejected as exc:
             problems.append(exc.detail)
     if problems:
-        raise ValueError(f"{len(problems)} of {len(paths)} query images cannot be used (no search was run):\n  "
-                         + "\n  ".join(problems))
+        raise ValueError(
+            f"{len(problems)} of {len(paths)} query images cannot be used (no search was run):\n  "
+            + "\n  ".join(problems)
+        )
     return digests
 
 
@@ -81,8 +96,16 @@ def neighbours(index_dir: IndexDir, queries: np.ndarray, k: int) -> tuple[np.nda
     return index_dir.index.search(l2_normalise(queries), k)
 
 
-def search_images(index_dir: IndexDir, images: list[str], registry, *, k: int = 5, threshold: float | None = None,
-                  checkpoint: str | Path | None = None, batch_size: int = 128) -> list[dict]:
+def search_images(
+    index_dir: IndexDir,
+    images: list[str],
+    registry,
+    *,
+    k: int = 5,
+    threshold: float | None = None,
+    checkpoint: str | Path | None = None,
+    batch_size: int = 128,
+) -> list[dict]:
     """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict."""
     from receipt_embed.embedding import embed_paths, load_model
 
@@ -97,9 +120,16 @@ def search_images(index_dir: IndexDir, images: list[str], registry, *, k: int = 
             if row < 0:
                 continue
             item = index_dir.items[row]
-            hits.append({"row": int(row), "similarity": round(float(sim), 6), "receipt_id": item.get("receipt_id"),
-                         "device": item.get("device"), "path": item.get("path"),
-                         "same_file": item.get("sha256") == digest})
+            hits.append(
+                {
+                    "row": int(row),
+                    "similarity": round(float(sim), 6),
+                    "receipt_id": item.get("receipt_id"),
+                    "device": item.get("device"),
+                    "path": item.get("path"),
+                    "same_file": item.get("sha256") == digest,
+                }
+            )
         result = {"query": str(path), "neighbours": hits}
         if threshold is not None:
             match = hits[0] if hits and float(row_sims[0]) >= threshold - SIMILARITY_TOLERANCE else None
@@ -143,5 +173,15 @@ def pair_rows(index_dir: IndexDir, a: np.ndarray, b: np.ndarray, sims: np.ndarra
         x, y = items[i], items[j]
         known = x.get("receipt_id") not in (None, "") and y.get("receipt_id") not in (None, "")
         same = ("true" if x["receipt_id"] == y["receipt_id"] else "false") if known else ""
-        yield (i, j, f"{sim:.6f}", same, x.get("receipt_id", ""), y.get("receipt_id", ""),
-               x.get("device", ""), y.get("device", ""), x.get("path", ""), y.get("path", ""))
+        yield (
+            i,
+            j,
+            f"{sim:.6f}",
+            same,
+            x.get("receipt_id", ""),
+            y.get("receipt_id", ""),
+            x.get("device", ""),
+            y.get("device", ""),
+            x.get("path", ""),
+            y.get("path", ""),
+        )

@@ -53,8 +53,12 @@ def _write_shard_files(out: Path, vectors: np.ndarray, items: list[dict], meta: 
 
     save_npy(out / EMBEDDINGS_FILE, vectors)
     atomic_write_jsonl(out / ITEMS_FILE, items)
-    meta = {**meta, "count": len(items), "dim": int(vectors.shape[1]),
-            "files": {name: sha256_file(out / name) for name in (EMBEDDINGS_FILE, ITEMS_FILE)}}
+    meta = {
+        **meta,
+        "count": len(items),
+        "dim": int(vectors.shape[1]),
+        "files": {name: sha256_file(out / name) for name in (EMBEDDINGS_FILE, ITEMS_FILE)},
+    }
     atomic_write_json(out / SHARD_FILE, meta)
     return meta
 
@@ -71,16 +75,18 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
         files = meta["files"]
     except UnusableFile as exc:
         if exc.reason == "missing_file":
-            raise IndexDirError(f"{path / SHARD_FILE} not found: {path} is not a complete shard "
-                                "from `index --shard`") from None
+            raise IndexDirError(
+                f"{path / SHARD_FILE} not found: {path} is not a complete shard from `index --shard`"
+            ) from None
         raise _refuse(exc, "not a shard.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise IndexDirError(f"{path / SHARD_FILE} is damaged ({exc}); re-run that shard") from None
     check_shard_meta(meta, path / SHARD_FILE, IndexDirError)
     for name, digest in files.items():
         if not is_regular(path / name) or sha256_file(path / name) != digest:
-            raise IndexDirError(f"{path / name} is missing, not a regular file or does not match {SHARD_FILE}: "
-                                "re-run that shard")
+            raise IndexDirError(
+                f"{path / name} is missing, not a regular file or does not match {SHARD_FILE}: re-run that shard"
+            )
     try:
         vectors = load_npy(path / EMBEDDINGS_FILE)  # header checked against the size first
         check_regular(path / ITEMS_FILE)
@@ -104,7 +110,9 @@ def check_shards(metas: list[tuple[Path, dict]]) -> None:
         for key in same:
             if meta.get(key) != first.get(key):
                 what = "the dataset's manifest.jsonl (its sha256)" if key == "dataset_sha256" else key
-                raise ValueError(f"shards differ in {what}: {first_path} has {first.get(key)!r}, {path} has {meta.get(key)!r}")
+                raise ValueError(
+                    f"shards differ in {what}: {first_path} has {first.get(key)!r}, {path} has {meta.get(key)!r}"
+                )
     seen: dict[int, Path] = {}
     for path, meta in metas:
         if meta["shard"] in seen:
@@ -117,8 +125,15 @@ def check_shards(metas: list[tuple[Path, dict]]) -> None:
         raise ValueError(f"missing shard(s) {names} of the {first['total']} rows")
 
 
-def merge_shards(shard_dirs: list[str | Path], out: str | Path, *, factory: str = "Flat",
-                 log=lambda message: None, force: bool = False, **build_options) -> dict:
+def merge_shards(
+    shard_dirs: list[str | Path],
+    out: str | Path,
+    *,
+    factory: str = "Flat",
+    log=lambda message: None,
+    force: bool = False,
+    **build_options,
+) -> dict:
     """One index dir from all shards of a job, in row order; ``out`` is replaced whole (an
     existing index dir only with ``force``) and may not be or hold a shard."""
     from receipt_embed.locking import write_lock
@@ -148,7 +163,13 @@ def _merge_shards(shard_dirs, out, *, factory, log, force, **build_options) -> d
     meta = loaded[0][1]
     log(f"merging {len(loaded)} shards: {len(items)} items of dim {vectors.shape[1]}")
     built = build_index(vectors, factory, log=log, **build_options)
-    source = {"kind": "checkpoint", "checkpoint": meta["checkpoint"], "checkpoint_sha256": meta["checkpoint_sha256"],
-              "dataset": meta["dataset"], "dataset_sha256": meta.get("dataset_sha256"), "split": meta["split"],
-              "shards": meta["shards"]}
+    source = {
+        "kind": "checkpoint",
+        "checkpoint": meta["checkpoint"],
+        "checkpoint_sha256": meta["checkpoint_sha256"],
+        "dataset": meta["dataset"],
+        "dataset_sha256": meta.get("dataset_sha256"),
+        "split": meta["split"],
+        "shards": meta["shards"],
+    }
     return write_index_dir(out, built, vectors, items, source, meta["features"], force=force)

@@ -18,8 +18,19 @@ from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regul
 
 REQUIRED_COLUMNS = ("path", "receipt_id", "device")
 # columns ingest itself writes into manifest.jsonl (split is not one: a manifest may give it)
-RESERVED_COLUMNS = ("sha256", "width", "height", "format", "mode", "bytes", "mtime_ns", "line", "manifest_path",
-                    "duplicate_conflict", "source_receipt_id")
+RESERVED_COLUMNS = (
+    "sha256",
+    "width",
+    "height",
+    "format",
+    "mode",
+    "bytes",
+    "mtime_ns",
+    "line",
+    "manifest_path",
+    "duplicate_conflict",
+    "source_receipt_id",
+)
 # a manifest is text, one short line per capture: millions of rows fit well below this
 MAX_MANIFEST_BYTES = DEFAULT_MAX_BYTES
 MANIFEST_NAMES = ("manifest.csv", "manifest.jsonl")
@@ -86,8 +97,10 @@ def check_reserved_columns(path: Path, columns) -> None:
     clashing = [column for column in RESERVED_COLUMNS if column in columns]
     if clashing:
         renames = ", ".join(f"{c!r} -> {c + '_given'!r}" for c in clashing)
-        raise ManifestError(f"{path}: column(s) {', '.join(clashing)} are written by ingest itself; "
-                            f"rename them in the manifest (e.g. {renames})")
+        raise ManifestError(
+            f"{path}: column(s) {', '.join(clashing)} are written by ingest itself; "
+            f"rename them in the manifest (e.g. {renames})"
+        )
 
 
 def _read_csv(path: Path) -> list[ManifestRow]:
@@ -109,8 +122,7 @@ def _read_csv(path: Path) -> list[ManifestRow]:
                 continue
             if len(cells) != len(header):
                 raise ManifestError(
-                    f"{path}, line {start}: expected {len(header)} fields ({', '.join(header)}), "
-                    f"found {len(cells)}"
+                    f"{path}, line {start}: expected {len(header)} fields ({', '.join(header)}), found {len(cells)}"
                 )
             rows.append(ManifestRow(start, {k: v.strip() for k, v in zip(header, cells)}))
             start = reader.line_num + 1

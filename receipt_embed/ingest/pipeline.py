@@ -86,7 +86,9 @@ class IngestResult:
 
 def _reject(rejected: list, row: ManifestRow, reason: str, detail: str) -> None:
     path = row.fields.get("path")
-    rejected.append({"line": row.line, "path": path if isinstance(path, str) else None, "reason": reason, "detail": detail})
+    rejected.append(
+        {"line": row.line, "path": path if isinstance(path, str) else None, "reason": reason, "detail": detail}
+    )
 
 
 # control characters (NUL, ESC, CR, ...) in a name would corrupt paths, reports and terminals
@@ -142,7 +144,12 @@ def _validate_rows(rows: list[ManifestRow], root: Path, settings: IngestConfig, 
         raw_path = fields["path"]
         is_absolute = Path(raw_path).is_absolute()
         if is_absolute and not settings.allow_absolute_paths:
-            _reject(rejected, row, "absolute_path", f"line {row.line}: absolute path {raw_path} (allow with --allow-absolute-paths)")
+            _reject(
+                rejected,
+                row,
+                "absolute_path",
+                f"line {row.line}: absolute path {raw_path} (allow with --allow-absolute-paths)",
+            )
             continue
         try:
             resolved = (root / raw_path).resolve()
@@ -150,18 +157,27 @@ def _validate_rows(rows: list[ManifestRow], root: Path, settings: IngestConfig, 
             _reject(rejected, row, "unresolvable_path", f"line {row.line}: path {raw_path!r} {_unresolvable(exc)}")
             continue
         if not is_absolute and not resolved.is_relative_to(root):
-            _reject(rejected, row, "path_escapes", f"line {row.line}: path {raw_path} escapes the manifest folder {root}")
+            _reject(
+                rejected, row, "path_escapes", f"line {row.line}: path {raw_path} escapes the manifest folder {root}"
+            )
             continue
         split = fields.get("split", "").lower()
         if split and split not in SPLITS:
-            _reject(rejected, row, "invalid_split", f"line {row.line}: split {fields['split']!r} is not one of {', '.join(SPLITS)}")
+            _reject(
+                rejected,
+                row,
+                "invalid_split",
+                f"line {row.line}: split {fields['split']!r} is not one of {', '.join(SPLITS)}",
+            )
             continue
         if resolved in seen:
             first = seen[resolved]
             _reject(rejected, row, "repeated_row", f"line {row.line}: same file as line {first} ({raw_path})")
             continue
         seen[resolved] = row.line
-        candidates.append({**fields, "split": split, "path": str(resolved), "manifest_path": raw_path, "line": row.line})
+        candidates.append(
+            {**fields, "split": split, "path": str(resolved), "manifest_path": raw_path, "line": row.line}
+        )
     return candidates
 
 
@@ -222,7 +238,11 @@ def _check_files(candidates: list[dict], settings: IngestConfig, rejected: list,
         results = pool.map(lambda c: _inspect(c, settings.max_pixels, settings.max_bytes), candidates)
         try:
             for candidate, facts in tqdm(
-                zip(candidates, results), total=len(candidates), desc="checking files", unit="file", disable=not progress
+                zip(candidates, results),
+                total=len(candidates),
+                desc="checking files",
+                unit="file",
+                disable=not progress,
             ):
                 if "reason" in facts:
                     rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
@@ -243,12 +263,16 @@ def _explicit_splits(rows: list[dict]) -> dict[str, str]:
     for receipt_id, by_split in given.items():
         if len(by_split) > 1:
             where = "; ".join(f"{s} on lines {', '.join(map(str, lines))}" for s, lines in sorted(by_split.items()))
-            raise ManifestError(f"receipt_id {receipt_id!r} is given more than one split ({where}); one receipt must stay in one split")
+            raise ManifestError(
+                f"receipt_id {receipt_id!r} is given more than one split ({where}); one receipt must stay in one split"
+            )
         fixed[receipt_id] = next(iter(by_split))
     return fixed
 
 
-def _report(source: Path, rows_read: int, kept: list[dict], rejected: list, duplicates: dict, settings: IngestConfig) -> dict:
+def _report(
+    source: Path, rows_read: int, kept: list[dict], rejected: list, duplicates: dict, settings: IngestConfig
+) -> dict:
     per_split = {s: {"identities": 0, "captures": 0} for s in SPLITS}
     identities_by_split: dict[str, set] = defaultdict(set)
     per_device: dict[str, dict] = {}
@@ -282,8 +306,13 @@ def _report(source: Path, rows_read: int, kept: list[dict], rejected: list, dupl
     }
 
 
-def ingest(source: str | Path, out_dir: str | Path, settings: IngestConfig | None = None, progress: bool = False,
-           force: bool = False) -> IngestResult:
+def ingest(
+    source: str | Path,
+    out_dir: str | Path,
+    settings: IngestConfig | None = None,
+    progress: bool = False,
+    force: bool = False,
+) -> IngestResult:
     """Check a manifest's captures and write the dataset dir; raises ManifestError for an
     unreadable manifest, records every rejected row otherwise.
 
@@ -312,8 +341,10 @@ def _refuse_captures_inside(out_dir, rows: list[dict]) -> None:
     prefix = str(target).rstrip(os.sep) + os.sep
     inside = next((row for row in rows if row["path"].startswith(prefix)), None)
     if inside is not None:
-        raise ValueError(f"--out {out_dir} holds the capture {inside['path']} (line {inside['line']}) this command "
-                         "reads; writing there would destroy its own input: choose another --out")
+        raise ValueError(
+            f"--out {out_dir} holds the capture {inside['path']} (line {inside['line']}) this command "
+            "reads; writing there would destroy its own input: choose another --out"
+        )
 
 
 def _checked_rows(manifest_path: Path, root: Path, settings: IngestConfig, progress: bool) -> tuple[list[dict], dict]:
@@ -334,7 +365,9 @@ def _checked_rows(manifest_path: Path, root: Path, settings: IngestConfig, progr
     candidates = _validate_rows(rows, root, settings, rejected)
     checked = _check_files(candidates, settings, rejected, progress)
     kept, duplicates = resolve_duplicates(checked, merge=settings.merge_duplicates)
-    assignment = assign_splits([r["receipt_id"] for r in kept], settings.split_ratios, settings.seed, _explicit_splits(kept))
+    assignment = assign_splits(
+        [r["receipt_id"] for r in kept], settings.split_ratios, settings.seed, _explicit_splits(kept)
+    )
 
     ordered = []
     for row in kept:

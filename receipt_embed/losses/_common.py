@@ -69,7 +69,9 @@ def check_labels(labels, n: int, device, name: str = "labels") -> torch.Tensor:
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"{name} must be integer identities, got dtype {labels.dtype}")
     if labels.shape[0] != n:
-        raise ValueError(f"{name} has length {labels.shape[0]} but the embeddings have {n} rows; one identity label per row")
+        raise ValueError(
+            f"{name} has length {labels.shape[0]} but the embeddings have {n} rows; one identity label per row"
+        )
     return labels.to(device=device, dtype=torch.long)
 
 

@@ -69,7 +69,14 @@ class DebiasedContrastiveLoss(TwoViewLoss):
 
     name = "debiased"
 
-    def __init__(self, temperature: float = 0.1, tau_plus: float = 0.1, duplicates: str = "mask", tile_size: int = DEFAULT_TILE, path: str = "auto"):
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        tau_plus: float = 0.1,
+        duplicates: str = "mask",
+        tile_size: int = DEFAULT_TILE,
+        path: str = "auto",
+    ):
         super().__init__(temperature, duplicates, tile_size, path)
         self.tau_plus = check_tau_plus(tau_plus)
 

@@ -41,7 +41,15 @@ class HardNegativeLoss(TwoViewLoss):
 
     name = "hard_negative"
 
-    def __init__(self, temperature: float = 0.1, beta: float = 1.0, tau_plus: float = 0.0, duplicates: str = "mask", tile_size: int = DEFAULT_TILE, path: str = "auto"):
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        beta: float = 1.0,
+        tau_plus: float = 0.0,
+        duplicates: str = "mask",
+        tile_size: int = DEFAULT_TILE,
+        path: str = "auto",
+    ):
         super().__init__(temperature, duplicates, tile_size, path)
         beta = float(beta)
         if not (beta >= 0 and math.isfinite(beta)):

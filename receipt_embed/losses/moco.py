@@ -104,7 +104,11 @@ class MoCoLoss(ContrastiveLoss):
             raise ValueError(f"queue_init must be 'random' or 'empty', got {queue_init!r}")
         self.in_batch_negatives = bool(in_batch_negatives)
         random_start = queue_init == "random"
-        queue = torch.nn.functional.normalize(torch.randn(queue_size, dim), dim=1) if random_start else torch.zeros(queue_size, dim)
+        queue = (
+            torch.nn.functional.normalize(torch.randn(queue_size, dim), dim=1)
+            if random_start
+            else torch.zeros(queue_size, dim)
+        )
         self.register_buffer("queue", queue)
         self.register_buffer("queue_labels", torch.full((queue_size,), NO_IDENTITY, dtype=torch.long))
         self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))

@@ -50,7 +50,9 @@ class NTXentLoss(TwoViewLoss):
 
     name = "ntxent"
 
-    def __init__(self, temperature: float = 0.1, duplicates: str = "mask", tile_size: int = DEFAULT_TILE, path: str = "auto"):
+    def __init__(
+        self, temperature: float = 0.1, duplicates: str = "mask", tile_size: int = DEFAULT_TILE, path: str = "auto"
+    ):
         super().__init__(temperature, duplicates, tile_size, path)
 
     @float32_logits

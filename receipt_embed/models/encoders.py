@@ -27,8 +27,14 @@ def _trunk(model: nn.Module, family: str) -> nn.Module:
     """The convolutional part of a torchvision classifier, without pooling and head."""
     if family == "resnet":
         return nn.Sequential(
-            model.conv1, model.bn1, model.relu, model.maxpool,
-            model.layer1, model.layer2, model.layer3, model.layer4,
+            model.conv1,
+            model.bn1,
+            model.relu,
+            model.maxpool,
+            model.layer1,
+            model.layer2,
+            model.layer3,
+            model.layer4,
         )
     return model.features
 
@@ -45,8 +51,14 @@ def _to_grayscale_input(trunk: nn.Module) -> None:
     """Replace the first convolution by a 1-channel one (summing pretrained RGB filters)."""
     parent, attr, conv = _first_conv(trunk)
     gray = nn.Conv2d(
-        1, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-        conv.dilation, conv.groups, conv.bias is not None,
+        1,
+        conv.out_channels,
+        conv.kernel_size,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups,
+        conv.bias is not None,
     )
     with torch.no_grad():
         gray.weight.copy_(conv.weight.sum(dim=1, keepdim=True))
@@ -71,13 +83,22 @@ def read_weights_file(path: Path) -> dict:
         raise ValueError(f"pretrained weights file {exc}") from None
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except (RuntimeError, ValueError, IndexError, KeyError, TypeError, AttributeError, EOFError,
-            pickle.UnpicklingError) as exc:
+    except (
+        RuntimeError,
+        ValueError,
+        IndexError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        EOFError,
+        pickle.UnpicklingError,
+    ) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if first.startswith("Weights only load failed"):
             first = "it holds objects other than tensors, which a safe load refuses"
-        raise ValueError(f"pretrained weights file {path} is not a torch state dict saved with torch.save "
-                         f"({first[:160]})") from None
+        raise ValueError(
+            f"pretrained weights file {path} is not a torch state dict saved with torch.save ({first[:160]})"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"pretrained weights file {path} holds {type(state).__name__}, not a state dict of tensors")
     return state
@@ -93,8 +114,7 @@ def _load_weights(model: nn.Module, arch: str, pretrained: str | None) -> None:
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or len(missing) == len(model.state_dict()):
             raise ValueError(
-                f"weights file {path} does not fit {arch}: "
-                f"{len(missing)} missing and {len(unexpected)} unexpected keys"
+                f"weights file {path} does not fit {arch}: {len(missing)} missing and {len(unexpected)} unexpected keys"
             )
         return
     from torchvision.models import get_weight

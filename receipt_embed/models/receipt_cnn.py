@@ -37,7 +37,9 @@ class ReceiptCNN(nn.Module):
             from receipt_embed.models.encoders import read_weights_file
 
             if not os.path.lexists(pretrained):
-                raise FileNotFoundError(f"receipt_cnn has no published weights; pretrained must be a local file, got {pretrained!r}")
+                raise FileNotFoundError(
+                    f"receipt_cnn has no published weights; pretrained must be a local file, got {pretrained!r}"
+                )
             state = read_weights_file(Path(pretrained))  # a text file or a .npy is one line naming it
         if pooling not in ("gap", "grid"):
             raise ValueError(f"pooling must be 'gap' or 'grid', got {pooling!r}")
@@ -56,7 +58,9 @@ class ReceiptCNN(nn.Module):
                 self.load_state_dict(state)
             except RuntimeError as exc:
                 first = str(exc).strip().splitlines()[0]
-                raise ValueError(f"pretrained weights file {pretrained} does not fit receipt_cnn: {first[:200]}") from None
+                raise ValueError(
+                    f"pretrained weights file {pretrained} does not fit receipt_cnn: {first[:200]}"
+                ) from None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return torch.flatten(self.pool(self.trunk(images)), 1)

@@ -19,8 +19,9 @@ def smooth_noise(shape: tuple[int, int], cells: int, rng: np.random.Generator) -
     return np.asarray(upsampled, dtype=np.float32) / 127.5 - 1
 
 
-def make_background(style: str, rgb: tuple[int, int, int], shape: tuple[int, int],
-                    rng: np.random.Generator) -> np.ndarray:
+def make_background(
+    style: str, rgb: tuple[int, int, int], shape: tuple[int, int], rng: np.random.Generator
+) -> np.ndarray:
     """A ``style`` surface (``wood``, ``slate``, ``lid``, ``fabric``, ``laminate``, ``platen``)."""
     height, width = shape
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)

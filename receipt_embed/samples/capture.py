@@ -30,10 +30,12 @@ def capture_jpeg(image: Image.Image, device: DeviceProfile, seed: int) -> bytes:
     width, height, corners, paper = _frame(paper, device, rng)
 
     coefficients = _homography(corners, paper.size)
-    warped = paper.transform((width, height), Image.Transform.PERSPECTIVE, coefficients,
-                             Image.Resampling.BICUBIC, fillcolor=(0, 0, 0))
-    mask = Image.new("L", paper.size, 255).transform((width, height), Image.Transform.PERSPECTIVE,
-                                                     coefficients, Image.Resampling.BILINEAR, fillcolor=0)
+    warped = paper.transform(
+        (width, height), Image.Transform.PERSPECTIVE, coefficients, Image.Resampling.BICUBIC, fillcolor=(0, 0, 0)
+    )
+    mask = Image.new("L", paper.size, 255).transform(
+        (width, height), Image.Transform.PERSPECTIVE, coefficients, Image.Resampling.BILINEAR, fillcolor=0
+    )
     alpha = np.asarray(mask, dtype=np.float32)[..., None] / 255
 
     surface = make_background(device.background, device.background_rgb, (height, width), rng)
@@ -65,8 +67,9 @@ def _flatten(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def _frame(paper: Image.Image, device: DeviceProfile,
-           rng: np.random.Generator) -> tuple[int, int, np.ndarray, Image.Image]:
+def _frame(
+    paper: Image.Image, device: DeviceProfile, rng: np.random.Generator
+) -> tuple[int, int, np.ndarray, Image.Image]:
     """Choose the frame size and where the paper's four corners land in it.
 
     Returns the frame width and height, the corners (top-left, top-right, bottom-right,
@@ -81,8 +84,7 @@ def _frame(paper: Image.Image, device: DeviceProfile,
         scale = (_MAX_ASPECT * width - 2 * margin) / paper_h
         paper_w, paper_h = paper_w * scale, paper_h * scale
     height = round(max(paper_h + 2 * margin, _MIN_ASPECT * width))
-    paper = paper.resize((max(1, round(paper_w)), max(1, round(paper_h))), Image.Resampling.LANCZOS,
-                         reducing_gap=3.0)
+    paper = paper.resize((max(1, round(paper_w)), max(1, round(paper_h))), Image.Resampling.LANCZOS, reducing_gap=3.0)
 
     half_w, half_h = paper_w / 2, paper_h / 2
     corners = np.array([[-half_w, -half_h], [half_w, -half_h], [half_w, half_h], [-half_w, half_h]])
@@ -148,7 +150,7 @@ def _optics(frame: Image.Image, device: DeviceProfile, rng: np.random.Generator)
     total = np.zeros((height, width, 3), dtype=np.float32)
     for t in np.linspace(-0.5, 0.5, steps):
         dx, dy = round(t * length * np.cos(direction)), round(t * length * np.sin(direction))
-        total += pixels[pad + dy:pad + dy + height, pad + dx:pad + dx + width]
+        total += pixels[pad + dy : pad + dy + height, pad + dx : pad + dx + width]
     return _to_image(total / steps)
 
 

@@ -36,8 +36,9 @@ def capture_seed(seed: int, receipt_id: str, device: str) -> int:
     return int(np.random.SeedSequence(key).generate_state(1, dtype=np.uint64)[0])
 
 
-def make_samples(out_dir: str | Path, receipts: int, devices: int, seed: int = 0,
-                 progress: Progress | None = None) -> Path:
+def make_samples(
+    out_dir: str | Path, receipts: int, devices: int, seed: int = 0, progress: Progress | None = None
+) -> Path:
     """Render ``receipts`` synthetic receipts, capture each with the first ``devices`` profiles.
 
     ``progress`` is called with 1 after each capture written. Returns the manifest path.
@@ -54,8 +55,9 @@ def make_samples(out_dir: str | Path, receipts: int, devices: int, seed: int = 0
     return _write_set(Path(out_dir), sources(), profiles, seed, progress)
 
 
-def capture_scans(scan_paths: Iterable[str | Path], out_dir: str | Path, devices: int, seed: int = 0,
-                  progress: Progress | None = None) -> Path:
+def capture_scans(
+    scan_paths: Iterable[str | Path], out_dir: str | Path, devices: int, seed: int = 0, progress: Progress | None = None
+) -> Path:
     """Capture existing receipt scans with the first ``devices`` profiles.
 
     The receipt id is each file's stem, so stems must be unique; ``merchant`` is left
@@ -85,8 +87,13 @@ def _load_scan(path: Path) -> Image.Image:
         raise ValueError(f"cannot read scan {path}: {err}") from err
 
 
-def _write_set(out_dir: Path, sources: Iterable[tuple[str, str, Image.Image]],
-               profiles: tuple[DeviceProfile, ...], seed: int, progress: Progress | None) -> Path:
+def _write_set(
+    out_dir: Path,
+    sources: Iterable[tuple[str, str, Image.Image]],
+    profiles: tuple[DeviceProfile, ...],
+    seed: int,
+    progress: Progress | None,
+) -> Path:
     """Write every capture, then the manifest (last, so a failed run leaves none)."""
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     rows = []

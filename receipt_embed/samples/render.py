@@ -58,7 +58,11 @@ class _Printer:
         font = _font(size)
         room = self.right - self.left - indent - font.getlength(right) - size
         self.draw.text(
-            (self.left + indent, self.y), self._fit(left, size, room), font=font, fill=self.ink, anchor="la",
+            (self.left + indent, self.y),
+            self._fit(left, size, room),
+            font=font,
+            fill=self.ink,
+            anchor="la",
             stroke_width=int(bold),
         )
         self.draw.text((self.right, self.y), right, font=font, fill=self.ink, anchor="ra", stroke_width=int(bold))
@@ -181,8 +185,9 @@ def _print_items(printer: _Printer, receipt: Receipt, size: int) -> None:
     elif style == "two_line":
         for item in receipt.items:
             printer.text(item.name, size)
-            printer.pair(f"{item.quantity} @ {format_money(item.unit_cents)}", format_money(item.amount_cents),
-                         size, indent=size)
+            printer.pair(
+                f"{item.quantity} @ {format_money(item.unit_cents)}", format_money(item.amount_cents), size, indent=size
+            )
     else:
         for item in receipt.items:
             label = f"{item.quantity} x {item.name}" if item.quantity > 1 else item.name

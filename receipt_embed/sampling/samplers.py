@@ -28,7 +28,9 @@ def _group(labels: Sequence[int]) -> dict[int, list[int]]:
     return dict(groups)
 
 
-def two_view_batch(identities: Sequence[int], captures: dict[int, list[int]], rng: np.random.Generator) -> tuple[list[int], int]:
+def two_view_batch(
+    identities: Sequence[int], captures: dict[int, list[int]], rng: np.random.Generator
+) -> tuple[list[int], int]:
     """``[first views; second views]`` of ``identities``: two different captures of each when
     it has two or more, else its one capture twice. Returns (batch, how many were the same
     capture twice). Public for sampler plugins that choose identities their own way."""

@@ -18,8 +18,15 @@ from receipt_embed.userfiles import UnusableFile, open_regular
 FORMAT_VERSION = 1
 # config sections that define the model's shape; a mismatch makes a checkpoint unusable
 ARCHITECTURE_KEYS = (
-    ("model", "encoder"), ("model", "pooling"), ("model", "grid"), ("model", "head_hidden"),
-    ("model", "head_dim"), ("model", "input_norm"), ("model", "params"), ("data", "image_size"), ("data", "grayscale"),
+    ("model", "encoder"),
+    ("model", "pooling"),
+    ("model", "grid"),
+    ("model", "head_hidden"),
+    ("model", "head_dim"),
+    ("model", "input_norm"),
+    ("model", "params"),
+    ("data", "image_size"),
+    ("data", "grayscale"),
 )
 
 
@@ -111,8 +118,15 @@ def check_contents(state: dict, path) -> None:
 
 
 # what resuming a run reads besides the model, and the type each must have
-RESUME_KEYS = {"optimizer": dict, "scheduler": dict, "loss": dict, "epoch": int, "step": int, "sums": dict,
-               "torch_rng": torch.Tensor}
+RESUME_KEYS = {
+    "optimizer": dict,
+    "scheduler": dict,
+    "loss": dict,
+    "epoch": int,
+    "step": int,
+    "sums": dict,
+    "torch_rng": torch.Tensor,
+}
 
 
 def check_resumable(state: dict, path) -> None:
@@ -142,12 +156,14 @@ def load_weights(module: torch.nn.Module, weights: dict, path, key: str = "model
         if name not in weights:
             raise CheckpointError(f"{path}: {key}.{name} is missing; the checkpoint is from another architecture")
         if tuple(weights[name].shape) != tuple(tensor.shape):
-            raise CheckpointError(f"{path}: {key}.{name} has shape {_shape(weights[name])}, "
-                                  f"the architecture needs {_shape(tensor)}")
+            raise CheckpointError(
+                f"{path}: {key}.{name} has shape {_shape(weights[name])}, the architecture needs {_shape(tensor)}"
+            )
     extra = [name for name in weights if name not in wanted]
     if extra:
-        raise CheckpointError(f"{path}: {key}.{extra[0]} is not part of the architecture "
-                              f"({len(extra)} unexpected keys)")
+        raise CheckpointError(
+            f"{path}: {key}.{extra[0]} is not part of the architecture ({len(extra)} unexpected keys)"
+        )
     try:
         module.load_state_dict(weights)
     except (RuntimeError, TypeError, ValueError) as exc:
@@ -162,7 +178,10 @@ def architecture(config: dict) -> dict:
 def check_compatible(state: dict, config: dict, path: str | Path) -> None:
     """Refuse a checkpoint whose model shape differs from the config's, naming the keys."""
     saved, wanted = architecture(state["config"]), architecture(config)
-    diffs = [f"{key}: checkpoint has {saved[key]!r}, config has {wanted[key]!r}" for key in saved if saved[key] != wanted[key]]
+    diffs = [
+        f"{key}: checkpoint has {saved[key]!r}, config has {wanted[key]!r}"
+        for key in saved
+        if saved[key] != wanted[key]
+    ]
     if diffs:
         raise CheckpointError(f"{path} was trained with another architecture: " + "; ".join(diffs))
-

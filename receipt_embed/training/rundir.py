@@ -37,7 +37,7 @@ def _aside_dirs(run_dir: Path) -> list[Path]:
     prefix = f".{run_dir.name}.old-"
     found = []
     for path in run_dir.parent.iterdir():
-        pid = path.name[len(prefix):]
+        pid = path.name[len(prefix) :]
         if not path.name.startswith(prefix) or not pid.isdigit() or _pid_running(int(pid)):
             continue
         if path.is_symlink() or not path.is_dir():
@@ -98,21 +98,30 @@ def settle_leftovers(run_dir: str | os.PathLike, log=None) -> None:
     """Under the run's lock: finish what a ``--force`` writer killed mid-way left beside it, and
     remove the temporary files of atomic writes a killed writer left in it."""
     run_dir = Path(os.path.abspath(run_dir))
-    temporary = [p for folder in (run_dir, run_dir / "checkpoints") if folder.is_dir()
-                 for p in folder.glob(".*.tmp") if p.is_file()]
+    temporary = [
+        p
+        for folder in (run_dir, run_dir / "checkpoints")
+        if folder.is_dir()
+        for p in folder.glob(".*.tmp")
+        if p.is_file()
+    ]
     for path in temporary:
         path.unlink(missing_ok=True)
     if temporary:
-        (log or warnings.warn)(f"removed {len(temporary)} temporary file(s) of an interrupted write in {run_dir} "
-                               f"({', '.join(p.name for p in temporary[:3])}{', ...' if len(temporary) > 3 else ''})")
+        (log or warnings.warn)(
+            f"removed {len(temporary)} temporary file(s) of an interrupted write in {run_dir} "
+            f"({', '.join(p.name for p in temporary[:3])}{', ...' if len(temporary) > 3 else ''})"
+        )
     for aside in _aside_dirs(run_dir):
         if (run_dir / LAST_CHECKPOINT).exists():
             discard(aside)
             note = f"removed {aside.name}, the replaced run an interrupted `train --force` left beside {run_dir}"
         else:
             restore(run_dir, aside)
-            note = (f"restored the run in {run_dir} from {aside.name}: the `train --force` that replaced it "
-                    "was interrupted before its first checkpoint")
+            note = (
+                f"restored the run in {run_dir} from {aside.name}: the `train --force` that replaced it "
+                "was interrupted before its first checkpoint"
+            )
         (log or warnings.warn)(note)
 
 
@@ -136,8 +145,10 @@ class Replacement:
 # what a run writes at its top level (plugins may add files, but only a run with a checkpoint is known to be ours)
 RUN_FILES = {"config.yaml", "data.json", "metrics.jsonl", "checkpoints", KEPT}
 SWEEP_FILES = {"sweep.json", KEPT}
-FOREIGN = ("holds files that receipt-embed did not write, not a run dir; it is never replaced or written into "
-           "(not even with --force): choose another --out")
+FOREIGN = (
+    "holds files that receipt-embed did not write, not a run dir; it is never replaced or written into "
+    "(not even with --force): choose another --out"
+)
 
 
 def _entries(path: Path) -> set[str]:
@@ -211,8 +222,10 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
         return
     if Path(run_dir).is_dir() and not Path(run_dir).is_symlink():
         raise ValueError(f"{run_dir} {FOREIGN}")
-    raise ValueError(f"{run_dir} is not a folder (a file or a link), not a run dir; it is never replaced or written "
-                     "into (not even with --force): choose another --out")
+    raise ValueError(
+        f"{run_dir} is not a folder (a file or a link), not a run dir; it is never replaced or written "
+        "into (not even with --force): choose another --out"
+    )
 
 
 def dataset_sources(data_dir: str | os.PathLike) -> list[Path]:
@@ -258,6 +271,7 @@ def refuse_dataset_inside(out: str | os.PathLike, data_dir: str | os.PathLike | 
     for source in dataset_sources(data_dir):
         resolved = Path(os.path.abspath(source)).resolve()
         if resolved == target or resolved.is_relative_to(target):
-            what = ("is" if resolved == target else "holds") + (f" the {role} {data_dir}" if source == Path(data_dir)
-                                                                  else f" {source}, read by the {role} {data_dir}")
+            what = ("is" if resolved == target else "holds") + (
+                f" the {role} {data_dir}" if source == Path(data_dir) else f" {source}, read by the {role} {data_dir}"
+            )
             raise ValueError(f"--out {out} {what}; training there would destroy its own input: choose another --out")

@@ -24,8 +24,18 @@ def parse_sweep(spec: str) -> tuple[str, list[str]]:
     return key.strip(), values
 
 
-def run_sweep(spec: str, config_file, overrides, data_dir, out_dir, registry, progress=True, log=print,
-              plugins_dir: str | None = None, force: bool = False) -> dict:
+def run_sweep(
+    spec: str,
+    config_file,
+    overrides,
+    data_dir,
+    out_dir,
+    registry,
+    progress=True,
+    log=print,
+    plugins_dir: str | None = None,
+    force: bool = False,
+) -> dict:
     """One run per value into OUT/KEY=VALUE (``force`` replaces existing ones), under OUT's
     writer lock, then OUT/sweep.json."""
     from receipt_embed.locking import write_lock
@@ -48,12 +58,24 @@ def _run_sweep(spec, config_file, overrides, data_dir, out_dir, registry, progre
         run_dir = out_dir / f"{key}={value}"
         log(f"sweep {key}={value} -> {run_dir}")
         result = train(config, data_dir, run_dir, registry, progress=progress, log=log, force=force)
-        runs.append({"value": value, "run_dir": str(run_dir), "best_recall_at_1": result.best_recall_at_1,
-                     "best_epoch": result.best_epoch, "checkpoint": str(run_dir / "checkpoints" / "best.pt")})
+        runs.append(
+            {
+                "value": value,
+                "run_dir": str(run_dir),
+                "best_recall_at_1": result.best_recall_at_1,
+                "best_epoch": result.best_epoch,
+                "checkpoint": str(run_dir / "checkpoints" / "best.pt"),
+            }
+        )
     scored = [run for run in runs if run["best_recall_at_1"] is not None]
     best = max(scored, key=lambda run: run["best_recall_at_1"]) if scored else None
-    summary = {"key": key, "select_on": configs[0].train.select_on, "metric": "val recall_at_1",
-               "runs": runs, "best": best}
+    summary = {
+        "key": key,
+        "select_on": configs[0].train.select_on,
+        "metric": "val recall_at_1",
+        "runs": runs,
+        "best": best,
+    }
     atomic_write_json(out_dir / SWEEP_FILE, summary)
     return summary
 

@@ -70,14 +70,20 @@ class TrainResult:
 def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embedder:
     """Encoder plugin + projection head, as the config describes them. ``from_checkpoint``:
     the weights come from a checkpoint, so ``model.pretrained`` is never fetched or read."""
-    framework = {"pretrained": None if from_checkpoint else config.model.pretrained, "in_channels": 1 if config.data.grayscale else 3,
-                 "pooling": config.model.pooling, "grid": tuple(config.model.grid)}
+    framework = {
+        "pretrained": None if from_checkpoint else config.model.pretrained,
+        "in_channels": 1 if config.data.grayscale else 3,
+        "pooling": config.model.pooling,
+        "grid": tuple(config.model.grid),
+    }
     encoder = registry.create_with("encoder", config.model.encoder, framework, dict(config.model.params))
     plugin = registry.get("encoder", config.model.encoder).plugin
     if not isinstance(encoder, torch.nn.Module) or not isinstance(getattr(encoder, "feature_dim", None), int):
-        raise ComponentError(f"encoder {config.model.encoder!r} (from plugin {plugin!r}) built an object of type "
-                             f"{type(encoder).__name__} that is not a torch.nn.Module with an integer feature_dim "
-                             "(see docs/plugins.md)")
+        raise ComponentError(
+            f"encoder {config.model.encoder!r} (from plugin {plugin!r}) built an object of type "
+            f"{type(encoder).__name__} that is not a torch.nn.Module with an integer feature_dim "
+            "(see docs/plugins.md)"
+        )
     model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
     set_batchnorm_momentum(model, config.model.bn_momentum)
     return model
@@ -89,8 +95,10 @@ def dataset_record(data_dir) -> dict:
     from receipt_embed.indexing.index_dir import sha256_file
 
     manifest = Path(data_dir) / MANIFEST_FILE
-    return {"data_dir": str(Path(data_dir).resolve()),
-            "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None}
+    return {
+        "data_dir": str(Path(data_dir).resolve()),
+        "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
+    }
 
 
 def _read_data_record(run_dir) -> dict | None:
@@ -106,7 +114,9 @@ def _read_data_record(run_dir) -> dict | None:
     except UnusableFile:
         raise  # a FIFO or device named as such: never read
     except (ValueError, KeyError, TypeError):
-        raise CheckpointError(f"{path} is damaged; resume with --data DATASET_DIR (it is rewritten by a fresh run)") from None
+        raise CheckpointError(
+            f"{path} is damaged; resume with --data DATASET_DIR (it is rewritten by a fresh run)"
+        ) from None
     return saved
 
 
@@ -121,15 +131,21 @@ def check_same_dataset(run_dir, record: dict) -> None:
     if saved is None:
         return
     if record["manifest_sha256"] is None:
-        raise CheckpointError(f"cannot resume {run_dir}: {record['data_dir']} holds no manifest.jsonl (moved or "
-                              "deleted?); pass --data with the dataset dir the run was trained on")
+        raise CheckpointError(
+            f"cannot resume {run_dir}: {record['data_dir']} holds no manifest.jsonl (moved or "
+            "deleted?); pass --data with the dataset dir the run was trained on"
+        )
     if saved.get("manifest_sha256") and record["manifest_sha256"] != saved["manifest_sha256"]:
         if Path(record["data_dir"]) == Path(saved["data_dir"]):  # the same dir, re-ingested or edited since
-            raise CheckpointError(f"cannot resume {run_dir}: the manifest of {record['data_dir']} changed since the "
-                                  f"run was trained on it (its sha256 is not the one in {Path(run_dir) / DATA_FILE}); "
-                                  "resume on the dataset as it was, or start a new run with --force")
-        raise CheckpointError(f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
-                              f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}")
+            raise CheckpointError(
+                f"cannot resume {run_dir}: the manifest of {record['data_dir']} changed since the "
+                f"run was trained on it (its sha256 is not the one in {Path(run_dir) / DATA_FILE}); "
+                "resume on the dataset as it was, or start a new run with --force"
+            )
+        raise CheckpointError(
+            f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
+            f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}"
+        )
 
 
 def _check_built(registry, kind: str, name: str, built, needs: tuple[str, ...]) -> None:
@@ -137,8 +153,10 @@ def _check_built(registry, kind: str, name: str, built, needs: tuple[str, ...]) 
     missing = [attr for attr in needs if not hasattr(built, attr)]
     if missing:
         plugin = registry.get(kind, name).plugin
-        raise ComponentError(f"{kind} {name!r} (from plugin {plugin!r}) built a {type(built).__name__} without "
-                             f"{', '.join(missing)}; a {kind} needs {', '.join(needs)} (see docs/plugins.md)")
+        raise ComponentError(
+            f"{kind} {name!r} (from plugin {plugin!r}) built a {type(built).__name__} without "
+            f"{', '.join(missing)}; a {kind} needs {', '.join(needs)} (see docs/plugins.md)"
+        )
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -203,7 +221,9 @@ def embed_cache(model: Embedder, cache: ImageCache, config: Config) -> tuple[np.
     """(backbone features, head projections) of clean (unaugmented) cached captures."""
     model.eval()
     features, projections = [], []
-    for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, config.train.eval_batch_size):
+    for images in clean_batches(
+        cache.images, tuple(config.data.image_size), config.data.grayscale, config.train.eval_batch_size
+    ):
         f, p = model(images)
         features.append(f.float().numpy())
         projections.append(p.float().numpy())
@@ -222,7 +242,9 @@ def recalibrate_batchnorm(model: Embedder, cache: ImageCache, config: Config, co
         m.reset_running_stats()
         m.momentum = None
     model.train()
-    for images in clean_batches(cache.images[:count], tuple(config.data.image_size), config.data.grayscale, config.train.eval_batch_size):
+    for images in clean_batches(
+        cache.images[:count], tuple(config.data.image_size), config.data.grayscale, config.train.eval_batch_size
+    ):
         if len(images) > 1:
             model(images)
     for m, momentum in zip(norms, momenta):
@@ -236,7 +258,9 @@ def evaluate(model: Embedder, val: Captures, val_cache: ImageCache, config: Conf
     for name, x in (("backbone", features), ("head", projections)):
         recall = retrieval_metrics(x, labels, ks=(1, 5), with_map=False)
         result[name] = {"recall_at_1": recall["recall_at_1"], "recall_at_5": recall["recall_at_5"]}
-    result["diagnostics"] = {name: embedding_diagnostics(x, labels) for name, x in (("backbone", features), ("head", projections))}
+    result["diagnostics"] = {
+        name: embedding_diagnostics(x, labels) for name, x in (("backbone", features), ("head", projections))
+    }
     return result
 
 
@@ -261,7 +285,9 @@ class RankBatches:
         for batch in self.batches:
             self.unique_identities += len({self.labels[index] for index, _ in batch})
             half = len(batch) // 2
-            if len(batch) % 2 == 0 and all(self.labels[batch[i][0]] == self.labels[batch[half + i][0]] for i in range(half)):
+            if len(batch) % 2 == 0 and all(
+                self.labels[batch[i][0]] == self.labels[batch[half + i][0]] for i in range(half)
+            ):
                 firsts = identity_slice(list(range(half)), self.rank, self.world_size)
                 yield [batch[i] for i in firsts] + [batch[half + i] for i in firsts]
             else:
@@ -275,8 +301,17 @@ class Trainer:
     and the loss runs on the gathered global batch (``receipt_embed.distributed``); rank 0
     evaluates, logs and writes the run dir."""
 
-    def __init__(self, config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print,
-                 force: bool = False):
+    def __init__(
+        self,
+        config: Config,
+        data_dir,
+        run_dir,
+        registry,
+        resume: bool = False,
+        progress: bool = True,
+        log=print,
+        force: bool = False,
+    ):
         from receipt_embed.distributed import init_from_env
 
         self.ctx = init_from_env()
@@ -297,8 +332,10 @@ class Trainer:
                     f"(--nproc {saved_world}), not {self.ctx.world_size}: the global batches would differ"
                 )
         elif last.exists() and not force:
-            raise CheckpointError(f"{self.run_dir} already holds a run ({last}); pass --resume to continue it, --force to "
-                                  "replace it, or choose another --out")
+            raise CheckpointError(
+                f"{self.run_dir} already holds a run ({last}); pass --resume to continue it, --force to "
+                "replace it, or choose another --out"
+            )
         self.force, self.replacement = force and not resume, None
 
         train_cfg = config.train
@@ -313,35 +350,65 @@ class Trainer:
         self.train_set = select_split(rows, "train")
         self.val_set = select_split(rows, "val")
         if len(self.train_set.identities) < 2:
-            raise ValueError(f"{data_dir} has {len(self.train_set.identities)} training identities; at least 2 are needed")
+            raise ValueError(
+                f"{data_dir} has {len(self.train_set.identities)} training identities; at least 2 are needed"
+            )
         size = cache_size(tuple(config.data.image_size), train_cfg.cache_margin)
         self.train_cache = cache_captures(self.train_set, size, config.ingest, progress=progress)
         self.val_cache = cache_captures(self.val_set, size, config.ingest, progress=progress)
 
         self.model = build_model(config, registry, from_checkpoint=self.state is not None)
-        self.loss_fn = registry.create_with("loss", config.loss.name, {"temperature": config.loss.temperature},
-                                            dict(config.loss.params))
+        self.loss_fn = registry.create_with(
+            "loss", config.loss.name, {"temperature": config.loss.temperature}, dict(config.loss.params)
+        )
         if not isinstance(self.loss_fn, torch.nn.Module):
-            raise ComponentError(f"loss {config.loss.name!r} (from plugin {registry.get('loss', config.loss.name).plugin!r}) "
-                                 f"built a {type(self.loss_fn).__name__}, not a torch.nn.Module (see docs/plugins.md)")
+            raise ComponentError(
+                f"loss {config.loss.name!r} (from plugin {registry.get('loss', config.loss.name).plugin!r}) "
+                f"built a {type(self.loss_fn).__name__}, not a torch.nn.Module (see docs/plugins.md)"
+            )
         batch_size = min(train_cfg.batch_size, len(self.train_set.identities))
         if batch_size < train_cfg.batch_size:
-            log(f"train.batch_size {train_cfg.batch_size} > {len(self.train_set.identities)} training identities; using {batch_size}")
-        self.sampler = build_sampler(registry, config.sampler.name, self.train_set.labels, self.train_set.rows,
-                                     batch_size, train_cfg.seed, config.sampler.params)
-        self.batches = SeededBatches(self.sampler, train_cfg.seed, len(self.train_set),
-                                     f"sampler {config.sampler.name!r} (from plugin {registry.get('sampler', config.sampler.name).plugin!r})")
+            log(
+                f"train.batch_size {train_cfg.batch_size} > {len(self.train_set.identities)} training identities; using {batch_size}"
+            )
+        self.sampler = build_sampler(
+            registry,
+            config.sampler.name,
+            self.train_set.labels,
+            self.train_set.rows,
+            batch_size,
+            train_cfg.seed,
+            config.sampler.params,
+        )
+        self.batches = SeededBatches(
+            self.sampler,
+            train_cfg.seed,
+            len(self.train_set),
+            f"sampler {config.sampler.name!r} (from plugin {registry.get('sampler', config.sampler.name).plugin!r})",
+        )
         if self.ctx.distributed:
             if batch_size % self.ctx.world_size:
-                raise ValueError(f"train.batch_size {batch_size} does not split over {self.ctx.world_size} processes; "
-                                 "use a multiple of the process count")
+                raise ValueError(
+                    f"train.batch_size {batch_size} does not split over {self.ctx.world_size} processes; "
+                    "use a multiple of the process count"
+                )
         _check_built(registry, "sampler", config.sampler.name, self.sampler, ("__len__", "__iter__", "set_epoch"))
-        transform = registry.create_with("augmentation", config.augment.preset,
-                                         {"image_size": tuple(config.data.image_size)}, dict(config.augment.params))
+        transform = registry.create_with(
+            "augmentation",
+            config.augment.preset,
+            {"image_size": tuple(config.data.image_size)},
+            dict(config.augment.params),
+        )
         _check_built(registry, "augmentation", config.augment.preset, transform, ("__call__", "set_random_seed"))
         _check_built(registry, "loss", config.loss.name, self.loss_fn, ("__call__",))
-        self.dataset = ViewDataset(self.train_cache, transform, config.data.grayscale, self.train_set.labels,
-                                   image_size=tuple(config.data.image_size), source=f"augmentation {config.augment.preset!r}")
+        self.dataset = ViewDataset(
+            self.train_cache,
+            transform,
+            config.data.grayscale,
+            self.train_set.labels,
+            image_size=tuple(config.data.image_size),
+            source=f"augmentation {config.augment.preset!r}",
+        )
         with plugin_errors(registry, "augmentation", config.augment.preset, "making a test view"):
             self.dataset[(0, 0)]  # a preset that breaks the view rules fails here, not in a loader worker
         self._check_encoder_output()
@@ -381,9 +448,11 @@ class Trainer:
         if not torch.is_tensor(out) or tuple(out.shape) != expected:
             got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
             plugin = self.registry.get("encoder", name).plugin
-            raise ComponentError(f"encoder {name!r} (from plugin {plugin!r}) returned {got} for 2 images of "
-                                 f"{channels} x {self.config.data.image_size[0]} x {self.config.data.image_size[1]}; "
-                                 f"expected (N, feature_dim) = {expected}")
+            raise ComponentError(
+                f"encoder {name!r} (from plugin {plugin!r}) returned {got} for 2 images of "
+                f"{channels} x {self.config.data.image_size[0]} x {self.config.data.image_size[1]}; "
+                f"expected (N, feature_dim) = {expected}"
+            )
 
     def _restore(self, state: dict) -> None:
         path = self.run_dir / LAST
@@ -398,20 +467,25 @@ class Trainer:
             try:
                 target.load_state_dict(state[key])
             except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as exc:
-                raise CheckpointError(f"{path}: {key} does not fit this run: {str(exc).strip().splitlines()[0]}") from None
+                raise CheckpointError(
+                    f"{path}: {key} does not fit this run: {str(exc).strip().splitlines()[0]}"
+                ) from None
         self.epoch, self.step = state["epoch"], state["step"]
         self.sums = dict(state["sums"])
         self.best = state.get("best")
         try:
             torch.set_rng_state(state["torch_rng"])
         except (RuntimeError, TypeError) as exc:
-            raise CheckpointError(f"{path}: torch_rng is not a torch RNG state: {str(exc).strip().splitlines()[0]}") from None
+            raise CheckpointError(
+                f"{path}: torch_rng is not a torch RNG state: {str(exc).strip().splitlines()[0]}"
+            ) from None
         # metrics of epochs after the checkpoint were never confirmed: drop them
         metrics = self.run_dir / METRICS_FILE
         if metrics.exists() and self.ctx.is_main:  # rank 0 alone reads and writes the run's files
             rows, torn = read_jsonl_tail_tolerant(metrics)
-            bad = [n for n, m in enumerate(rows, start=1)
-                   if not isinstance(m, dict) or not isinstance(m.get("epoch"), int)]
+            bad = [
+                n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or not isinstance(m.get("epoch"), int)
+            ]
             if bad:
                 raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
             kept = [m for m in rows if m["epoch"] <= self.epoch]
@@ -438,13 +512,23 @@ class Trainer:
     def _make_loader(self) -> DataLoader:
         """One loader for the run; persistent workers avoid a fork per epoch on small sets."""
         workers = self.config.train.num_workers
-        self.rank_batches = (RankBatches(self.batches, self.train_set.labels, self.ctx.rank, self.ctx.world_size)
-                             if self.ctx.distributed else None)
-        return DataLoader(self.dataset, batch_sampler=self.batches if self.rank_batches is None else self.rank_batches, num_workers=workers,
-                          persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+        self.rank_batches = (
+            RankBatches(self.batches, self.train_set.labels, self.ctx.rank, self.ctx.world_size)
+            if self.ctx.distributed
+            else None
+        )
+        return DataLoader(
+            self.dataset,
+            batch_sampler=self.batches if self.rank_batches is None else self.rank_batches,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            prefetch_factor=4 if workers else None,
+        )
 
     def _train_step(self, views: torch.Tensor, labels: torch.Tensor) -> float:
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.config.train.precision == "bf16" else nullcontext()
+        autocast = (
+            torch.autocast("cpu", dtype=torch.bfloat16) if self.config.train.precision == "bf16" else nullcontext()
+        )
         self.model.train()
         with autocast, plugin_errors(self.registry, "encoder", self.config.model.encoder, "embedding a batch"):
             _, projections = self.forward_model(views)
@@ -463,12 +547,17 @@ class Trainer:
         if not torch.is_tensor(loss) or loss.ndim != 0:
             plugin = self.registry.get("loss", self.config.loss.name).plugin
             shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
-            raise ComponentError(f"loss {self.config.loss.name!r} (from plugin {plugin!r}) returned {shape}, "
-                                 "not a scalar tensor; reduce it (e.g. .mean()) inside the loss")
+            raise ComponentError(
+                f"loss {self.config.loss.name!r} (from plugin {plugin!r}) returned {shape}, "
+                "not a scalar tensor; reduce it (e.g. .mean()) inside the loss"
+            )
         if not torch.isfinite(loss):
             last = self.run_dir / LAST
-            kept = (f"the last good checkpoint is {last}" if last.exists()
-                    else "no checkpoint was written yet (it diverged in the first epoch)")
+            kept = (
+                f"the last good checkpoint is {last}"
+                if last.exists()
+                else "no checkpoint was written yet (it diverged in the first epoch)"
+            )
             raise TrainingDiverged(
                 f"loss became {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1} "
                 f"(loss {self.config.loss.name}, temperature {self.config.loss.temperature}); {kept}. "
@@ -528,8 +617,14 @@ class Trainer:
         with _stop_on_signals() as received:
             while self.epoch < epochs:
                 self.batches.set_epoch(self.epoch, self.step)
-                bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}/{epochs}",
-                           unit="step", disable=not self.progress, leave=False)
+                bar = tqdm(
+                    total=self.steps_per_epoch,
+                    initial=self.step,
+                    desc=f"epoch {self.epoch + 1}/{epochs}",
+                    unit="step",
+                    disable=not self.progress,
+                    leave=False,
+                )
                 started = time.perf_counter()
                 for views, labels in loader:
                     loss = self._train_step(views, labels)
@@ -628,20 +723,38 @@ class Trainer:
         if not hook_implementations(self.registry, "on_epoch_end"):
             return
         self.model.eval()
-        call_hook(self.registry, "on_epoch_end", where=f"epoch {line['epoch']}", run_dir=self.run_dir.resolve(),
-                  epoch=line["epoch"], metrics=json.loads(json.dumps(line)), model=self.model, config=self.config)
+        call_hook(
+            self.registry,
+            "on_epoch_end",
+            where=f"epoch {line['epoch']}",
+            run_dir=self.run_dir.resolve(),
+            epoch=line["epoch"],
+            metrics=json.loads(json.dumps(line)),
+            model=self.model,
+            config=self.config,
+        )
 
     def _describe(self, line: dict) -> str:
         text = f"epoch {line['epoch']}: loss {line['loss']:.4f}, {line['views_per_s']:.0f} views/s"
         if "val" in line:
             v = line["val"]
-            text += (f", val recall@1 backbone {v['backbone']['recall_at_1']:.3f} / head {v['head']['recall_at_1']:.3f}"
-                     f", eff. rank {v['diagnostics']['head']['effective_rank']:.1f}")
+            text += (
+                f", val recall@1 backbone {v['backbone']['recall_at_1']:.3f} / head {v['head']['recall_at_1']:.3f}"
+                f", eff. rank {v['diagnostics']['head']['effective_rank']:.1f}"
+            )
         return text
 
 
-def train(config: Config, data_dir, run_dir, registry, resume: bool = False, progress: bool = True, log=print,
-          force: bool = False) -> TrainResult:
+def train(
+    config: Config,
+    data_dir,
+    run_dir,
+    registry,
+    resume: bool = False,
+    progress: bool = True,
+    log=print,
+    force: bool = False,
+) -> TrainResult:
     """Train (or resume) a run; see :class:`Trainer`. The run dir's writer lock is held for the
     whole run (by rank 0 only under torchrun); ``force`` replaces an existing run, keeping it
     until the new run's first checkpoint."""

@@ -33,5 +33,6 @@ def build(temperature: float = 0.0, margin: float = 0.2, soft: bool = False):
 
 @hookimpl
 def register_losses(register):
-    register("batch_hard_triplet", build,
-             description="batch-hard triplet loss (Hermans et al. 2017); params margin, soft")
+    register(
+        "batch_hard_triplet", build, description="batch-hard triplet loss (Hermans et al. 2017); params margin, soft"
+    )

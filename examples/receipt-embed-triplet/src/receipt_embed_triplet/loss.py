@@ -28,6 +28,9 @@ class BatchHardTriplet(torch.nn.Module):
         hardest_negative = distance.masked_fill(same, float("inf")).amin(dim=1)
         gap = (hardest_positive - hardest_negative)[has_positive]
         losses = F.softplus(gap) if self.soft else F.relu(self.margin + gap)
-        self.last_stats = {"anchors": int(has_positive.sum()), "anchors_without_positive": int((~has_positive).sum()),
-                           "active_triplets": float((losses > 0).float().mean())}
+        self.last_stats = {
+            "anchors": int(has_positive.sum()),
+            "anchors_without_positive": int((~has_positive).sum()),
+            "active_triplets": float((losses > 0).float().mean()),
+        }
         return losses.mean()

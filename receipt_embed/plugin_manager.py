@@ -129,6 +129,14 @@ class PluginLoader:
                     f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
                 )
             if marked and attr in specs:
+                options = getattr(value, f"{hookspecs.PROJECT_NAME}_impl") or {}
+                if options.get("wrapper") or options.get("hookwrapper"):
+                    flag = "wrapper=True" if options.get("wrapper") else "hookwrapper=True"
+                    raise ValueError(
+                        f"{attr}() is a hook wrapper ({flag}); receipt-embed calls each plugin's hooks on their own "
+                        "(so one failing plugin cannot stop the others), which would skip a wrapper's body: "
+                        "use a plain @hookimpl"
+                    )
                 allowed = list(inspect.signature(getattr(hookspecs, attr)).parameters)
                 wrong = [
                     a

@@ -85,13 +85,14 @@ def _folder_package(folder: Path) -> str:
 class PluginLoader:
     """Loads plugins into a pluggy manager and records where each came from."""
 
-    def __init__(self, strict: bool = False):
+    def __init__(self, strict: bool = False, disabled: frozenset[str] | None = None):
         self.strict = strict
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.registry = Registry(plugin_manager=self.pm, strict=strict)
         self.blocked_seen: set[str] = set()
-        for name in disabled_plugins():
+        self.disabled = frozenset(disabled_plugins() if disabled is None else disabled)
+        for name in self.disabled:
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
@@ -258,7 +259,7 @@ class PluginLoader:
     def warn_unknown_disabled(self) -> None:
         """A name in RECEIPT_EMBED_DISABLE_PLUGINS that matched no plugin is probably a typo."""
         seen = set(self.registry.plugins) | set(self.registry.failures) | self.blocked_seen
-        for name in sorted(disabled_plugins() - seen):
+        for name in sorted(self.disabled - seen):
             warnings.warn(f"{DISABLE_ENV} names {name!r}, which is not a plugin here", PluginLoadWarning, stacklevel=2)
 
 
@@ -316,7 +317,7 @@ def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
 def _load(
     plugins_dir: Path | None, strict: bool, disabled: frozenset[str], dir_required: bool
 ) -> tuple[pluggy.PluginManager, Registry]:
-    loader = PluginLoader(strict=strict)
+    loader = PluginLoader(strict=strict, disabled=disabled)
     loader.load_builtins()
     loader.load_entry_points()
     if plugins_dir is not None:

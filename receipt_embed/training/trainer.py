@@ -36,7 +36,6 @@ from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
 from receipt_embed.training.checkpoint import (
     CheckpointError,
-    check_compatible,
     check_resumable,
     load_checkpoint,
     load_weights,
@@ -456,7 +455,6 @@ class Trainer:
 
     def _restore(self, state: dict) -> None:
         path = self.run_dir / LAST
-        check_compatible(state, self.config_dict, path)
         check_resumable(state, path)
         load_weights(self.model, state["model"], path)
         if self.key_model is not None:

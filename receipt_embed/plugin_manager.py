@@ -173,7 +173,7 @@ class PluginLoader:
         self.registry.plugins[info.name] = info
 
     def load_builtins(self) -> None:
-        from receipt_embed import __version__
+        from receipt_embed.version import __version__
 
         for module_name in BUILTIN_PLUGINS:
             name = module_name.rsplit(".", 1)[-1]

@@ -841,7 +841,7 @@ def test_encoder_params_come_from_model_params(tmp_path):
     from conftest import TINY_TRAINING
 
     from receipt_embed.config import load_config
-    from receipt_embed.training.trainer import build_model
+    from receipt_embed.models.build import build_model
 
     _write(tmp_path / "plugins", "broken_components.py", BROKEN_COMPONENTS)
     registry = _loaded(tmp_path / "plugins")

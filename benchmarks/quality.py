@@ -30,8 +30,9 @@ from receipt_embed.evaluation.retrieval import retrieval_metrics
 from receipt_embed.evaluation.shortcuts import attribute_lift
 from receipt_embed.images import load_resized
 from receipt_embed.ingest import ingest
+from receipt_embed.models.build import build_model
 from receipt_embed.plugin_manager import PluginLoader
-from receipt_embed.training.trainer import build_model, train
+from receipt_embed.training.trainer import train
 
 
 def raw_pixels(paths: list[str]) -> np.ndarray:

@@ -6,7 +6,7 @@ and plugin listing stay fast.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from receipt_embed.version import __version__
 
 __all__ = ["__version__", "create_loss", "get_registry"]
 

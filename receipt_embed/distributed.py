@@ -1,4 +1,4 @@
-"""Contrastive losses over a global batch split across torch.distributed ranks.
+"""Training over torch.distributed ranks: the global loss, and which rows each rank takes.
 
 Every rank embeds its slice of the global batch; the projections are gathered with the
 *differentiable* all_gather of ``torch.distributed.nn``, so each rank's anchors meet every
@@ -124,3 +124,41 @@ def identity_slice(identities: list, rank: int, world_size: int) -> list:
         )
     share = len(identities) // world_size
     return identities[rank * share : (rank + 1) * share]
+
+
+class RankBatches:
+    """This rank's rows of each global batch (views keep the seeds of their global slots).
+
+    A two-view batch ``[first captures of B; second captures of B]`` (row i and row B + i share
+    an identity) gives each rank B/W identities with both captures, in the same layout; any
+    other batch gives each rank a contiguous 1/W of its rows (multi-positive losses read labels,
+    not positions)."""
+
+    def __init__(self, batches, labels: list[int], rank: int, world_size: int):
+        self.batches, self.labels, self.rank, self.world_size = batches, labels, rank, world_size
+        self.unique_identities = 0  # summed over the global batches handed out so far
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for batch in self.batches:
+            self.unique_identities += len({self.labels[index] for index, _ in batch})
+            half = len(batch) // 2
+            if len(batch) % 2 == 0 and all(
+                self.labels[batch[i][0]] == self.labels[batch[half + i][0]] for i in range(half)
+            ):
+                firsts = identity_slice(list(range(half)), self.rank, self.world_size)
+                yield [batch[i] for i in firsts] + [batch[half + i] for i in firsts]
+            else:
+                yield identity_slice(batch, self.rank, self.world_size)
+
+
+def any_rank(ctx: DistContext, received: list) -> bool:
+    """Whether any rank got a stop signal (one tiny all-reduce per step when distributed),
+    so that every rank stops after the same step instead of waiting on a gone peer."""
+    if not ctx.distributed:
+        return bool(received)
+    flag = torch.tensor([1 if received else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())

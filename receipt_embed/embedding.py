@@ -36,8 +36,8 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
     checkpoint's weights only: ``model.pretrained`` is never downloaded or read."""
     from pydantic import ValidationError
 
+    from receipt_embed.models.build import build_model
     from receipt_embed.registry import ComponentError
-    from receipt_embed.training.trainer import build_model
 
     state = load_checkpoint(checkpoint)
     try:

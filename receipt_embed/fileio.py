@@ -9,6 +9,7 @@ naming the file and the space left, never a bare ``OSError``.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import tempfile
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
+from receipt_embed.userfiles import DEFAULT_MAX_BYTES, open_regular, read_regular
 
 # a run's metrics, a dataset's manifest or an index's items: large, but bounded
 MAX_JSONL_BYTES = DEFAULT_MAX_BYTES
@@ -180,6 +181,31 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
     return rows
+
+
+def json_safe(value):
+    """NaN and infinities become null and numpy scalars plain numbers, so a JSON file we write
+    (audit.json) is strict JSON that jq or JavaScript can read."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return json_safe(value.item())
+    return value
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a regular file (a FIFO or device raises UnusableFile instead of blocking)."""
+    digest = hashlib.sha256()
+    with open_regular(path, None) as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES):

@@ -85,13 +85,14 @@ def _folder_package(folder: Path) -> str:
 class PluginLoader:
     """Loads plugins into a pluggy manager and records where each came from."""
 
-    def __init__(self, strict: bool = False):
+    def __init__(self, strict: bool = False, disabled: frozenset[str] | None = None):
         self.strict = strict
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.registry = Registry(plugin_manager=self.pm, strict=strict)
         self.blocked_seen: set[str] = set()
-        for name in disabled_plugins():
+        self.disabled = frozenset(disabled_plugins() if disabled is None else disabled)
+        for name in self.disabled:
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
@@ -129,6 +130,14 @@ class PluginLoader:
                     f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
                 )
             if marked and attr in specs:
+                options = getattr(value, f"{hookspecs.PROJECT_NAME}_impl") or {}
+                if options.get("wrapper") or options.get("hookwrapper"):
+                    flag = "wrapper=True" if options.get("wrapper") else "hookwrapper=True"
+                    raise ValueError(
+                        f"{attr}() is a hook wrapper ({flag}); receipt-embed calls each plugin's hooks on their own "
+                        "(so one failing plugin cannot stop the others), which would skip a wrapper's body: "
+                        "use a plain @hookimpl"
+                    )
                 allowed = list(inspect.signature(getattr(hookspecs, attr)).parameters)
                 wrong = [
                     a
@@ -164,7 +173,7 @@ class PluginLoader:
         self.registry.plugins[info.name] = info
 
     def load_builtins(self) -> None:
-        from receipt_embed import __version__
+        from receipt_embed.version import __version__
 
         for module_name in BUILTIN_PLUGINS:
             name = module_name.rsplit(".", 1)[-1]
@@ -250,7 +259,7 @@ class PluginLoader:
     def warn_unknown_disabled(self) -> None:
         """A name in RECEIPT_EMBED_DISABLE_PLUGINS that matched no plugin is probably a typo."""
         seen = set(self.registry.plugins) | set(self.registry.failures) | self.blocked_seen
-        for name in sorted(disabled_plugins() - seen):
+        for name in sorted(self.disabled - seen):
             warnings.warn(f"{DISABLE_ENV} names {name!r}, which is not a plugin here", PluginLoadWarning, stacklevel=2)
 
 
@@ -308,7 +317,7 @@ def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
 def _load(
     plugins_dir: Path | None, strict: bool, disabled: frozenset[str], dir_required: bool
 ) -> tuple[pluggy.PluginManager, Registry]:
-    loader = PluginLoader(strict=strict)
+    loader = PluginLoader(strict=strict, disabled=disabled)
     loader.load_builtins()
     loader.load_entry_points()
     if plugins_dir is not None:

@@ -227,8 +227,5 @@ class Registry:
             )
         return self.create(kind, name, **framework, **params)
 
-    def is_builtin(self, kind: str, name: str) -> bool:
-        return self.get(kind, name).plugin.startswith("builtin.")
-
     def names(self, kind: str) -> list[str]:
         return sorted(self.components[kind])

@@ -270,7 +270,7 @@ def test_report_renders_in_a_headless_browser(cli, indexes):
 
 
 def test_degenerate_spaces_and_tiny_sets():
-    from receipt_embed.audit.run import json_safe
+    from receipt_embed.fileio import json_safe
 
     x, items, _, _ = synthetic(0.0, receipts=10)
     collapsed = audit_figures(np.ones_like(x), items, ["device"])

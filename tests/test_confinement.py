@@ -137,9 +137,9 @@ def test_loading_a_checkpoint_never_reads_model_pretrained(trained, tmp_path):
     (receipt_cnn would raise on it) and a torchvision weights name (a download, with the
     network off and an empty TORCH_HOME) both load, and embed like the original."""
     from receipt_embed.embedding import embed_paths, load_model
+    from receipt_embed.models.build import build_model
     from receipt_embed.models.encoders import TorchvisionEncoder
     from receipt_embed.training.checkpoint import save_checkpoint
-    from receipt_embed.training.trainer import build_model
 
     missing = _checkpoint_with(trained, tmp_path, str(tmp_path / "never" / "weights.pt"))
     image = str(REPO / "data_samples" / "images" / "r0000_phone_a.jpg")

@@ -121,7 +121,7 @@ def test_kill_9_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
             handle.seek(0)
             data = handle.read()
             handle.truncate(data.rfind(b"\n") + 1)
-    from receipt_embed.training.rundir import settle_leftovers
+    from receipt_embed.training.replacement import settle_leftovers
 
     killed_mid_write = list((run / "checkpoints").glob(".last.pt.*.tmp"))
     with warnings.catch_warnings(record=True) as caught:

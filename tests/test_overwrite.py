@@ -289,7 +289,7 @@ def test_only_our_own_leftovers_of_a_dead_writer_are_removed(tmp_path, recwarn):
     import os
 
     from receipt_embed.outdir import clean_leftovers
-    from receipt_embed.training.rundir import leftovers_of, settle_leftovers
+    from receipt_embed.training.replacement import leftovers_of, settle_leftovers
 
     dead = _dead_pid()
     out = tmp_path / "ix"

@@ -561,6 +561,51 @@ def test_misspelled_or_undecorated_hooks_are_reported(tmp_path):
     assert "undecorated" in registry.plugins and "forgot_decorator" not in registry.names("loss")
 
 
+@pytest.mark.hook("on_epoch_end")
+def test_hook_wrappers_are_refused_at_load_time(tmp_path):
+    """Hooks are called one plugin at a time (so one failure cannot stop the others), which
+    would silently skip a wrapper's body; a wrapper is refused by name when it loads."""
+    from receipt_embed.plugin_manager import PluginLoader, PluginLoadError, call_hook
+
+    for name, flag in (("wraps", "wrapper=True"), ("old_style", "hookwrapper=True")):
+        _write(
+            tmp_path,
+            f"{name}.py",
+            f"""
+            from receipt_embed.hookspecs import hookimpl
+            CALLS = []
+            @hookimpl({flag})
+            def on_epoch_end(epoch, metrics):
+                CALLS.append(epoch)
+                return (yield)
+        """,
+        )
+    _write(
+        tmp_path,
+        "plain.py",
+        """
+        from receipt_embed.hookspecs import hookimpl
+        @hookimpl
+        def on_epoch_end(epoch):
+            return epoch * 10
+    """,
+    )
+    with pytest.warns(PluginLoadWarning) as caught:
+        registry = _loaded(tmp_path)
+    messages = "\n".join(str(w.message) for w in caught)
+    for name, flag in (("wraps", "wrapper=True"), ("old_style", "hookwrapper=True")):
+        assert (
+            f"plugin {name!r} failed to load and was skipped: ValueError: on_epoch_end() is a hook wrapper ({flag}); "
+            "receipt-embed calls each plugin's hooks on their own"
+        ) in messages, messages
+        assert name not in registry.plugins
+    assert call_hook(registry, "on_epoch_end", epoch=3, metrics={}, run_dir=tmp_path, model=None) == {"plain": 30}
+
+    loader = PluginLoader(strict=True)
+    with pytest.raises(PluginLoadError, match=r"plugin 'old_style' failed to load \(--strict-plugins\).*wrapper"):
+        loader.load_folder(tmp_path)
+
+
 def test_folder_plugins_share_helpers_through_relative_imports(tmp_path):
     _write(
         tmp_path,
@@ -796,7 +841,7 @@ def test_encoder_params_come_from_model_params(tmp_path):
     from conftest import TINY_TRAINING
 
     from receipt_embed.config import load_config
-    from receipt_embed.training.trainer import build_model
+    from receipt_embed.models.build import build_model
 
     _write(tmp_path / "plugins", "broken_components.py", BROKEN_COMPONENTS)
     registry = _loaded(tmp_path / "plugins")

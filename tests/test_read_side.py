@@ -57,7 +57,7 @@ def test_non_regular_metrics_file_stops_resume_at_once(trained, tmp_path, kind):
 
 def test_non_regular_data_record_is_named(trained, tmp_path):
     """F4: data.json as a FIFO is refused by name, not skipped or read."""
-    from receipt_embed.training.trainer import recorded_data_dir
+    from receipt_embed.training.resume import recorded_data_dir
     from receipt_embed.userfiles import UnusableFile
 
     run = _copy_run(trained, tmp_path)

@@ -190,7 +190,7 @@ def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_pa
 
     from receipt_embed.config import load_config
     from receipt_embed.plugin_manager import PluginLoader
-    from receipt_embed.training.rundir import set_aside, settle_leftovers
+    from receipt_embed.training.replacement import set_aside, settle_leftovers
     from receipt_embed.training.trainer import TrainingDiverged, train
 
     dataset, run = trained[0], tmp_path / "run"
@@ -277,7 +277,7 @@ def test_resume_after_a_killed_force_run_uses_the_restored_runs_data(tmp_path, t
     """F12: a `train --force` killed before its first checkpoint left the old run aside and its own
     data.json/config.yaml in place; the first `--resume` (no --data) restores the old run first and
     resumes it on the old run's dataset, not the aborted run's."""
-    from receipt_embed.training.rundir import set_aside
+    from receipt_embed.training.replacement import set_aside
 
     dataset, run = trained[0], tmp_path / "run"
     shutil.copytree(trained[1], run)

@@ -264,7 +264,7 @@ def test_schedule_replans_when_resumed_with_more_epochs():
     """Warmup then cosine to 0; a resumed run with a new train.epochs anneals to 0 at its new end."""
     import math
 
-    from receipt_embed.training.trainer import _scheduler
+    from receipt_embed.training.schedule import lr_schedule as _scheduler
 
     def lrs(epochs, start_state=None, steps=None):
         param = torch.nn.Parameter(torch.zeros(1))
@@ -349,7 +349,7 @@ def test_resume_on_a_changed_manifest_does_not_advise_the_same_path(tmp_path):
     """F12: when the dataset dir given is the one the run recorded but its manifest changed, the advice
     is not the circular "resume with --data <the path it refused>"."""
     from receipt_embed.training.checkpoint import CheckpointError
-    from receipt_embed.training.trainer import check_same_dataset, dataset_record
+    from receipt_embed.training.resume import check_same_dataset, dataset_record
 
     data = tmp_path / "ds"
     data.mkdir()

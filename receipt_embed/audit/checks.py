@@ -63,7 +63,7 @@ class AuditCheckError(RuntimeError):
 
 def _result(name: str, plugin: str, raw) -> dict:
     """Validate a check's return value into a result dict and an optional plot."""
-    from receipt_embed.audit.run import json_safe
+    from receipt_embed.fileio import json_safe
 
     if not isinstance(raw, dict):
         raise AuditCheckError(f"returned {type(raw).__name__}, not a dict with a 'figures' dict")

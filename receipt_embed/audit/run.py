@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed import __version__
 from receipt_embed.audit.checks import AuditContext, run_checks
 from receipt_embed.audit.confine import ImageRoots
 from receipt_embed.audit.figures import FlagRule, audit_figures
 from receipt_embed.display import printable
-from receipt_embed.fileio import atomic_write_json, atomic_write_text
+from receipt_embed.fileio import atomic_write_json, atomic_write_text, json_safe
+from receipt_embed.version import __version__
 
 AUDIT_JSON, AUDIT_HTML = "audit.json", "audit.html"
 
@@ -28,19 +28,6 @@ def check_attributes(items: list[dict], attributes: list[str], where) -> None:
             close = difflib.get_close_matches(attribute, columns, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"attribute {attribute!r} is not a column of {where}{hint}; columns: {', '.join(columns)}")
-
-
-def json_safe(value):
-    """NaN and infinities become null, so audit.json is strict JSON (jq, JavaScript)."""
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return json_safe(value.item())
-    return value
 
 
 def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, roots) -> list[dict]:

@@ -14,7 +14,7 @@ import warnings
 
 import click
 
-from receipt_embed import __version__
+from receipt_embed.version import __version__
 
 # command name -> "module:attribute"; help text is kept here so --help needs no import.
 COMMANDS: dict[str, tuple[str, str]] = {

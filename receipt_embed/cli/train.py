@@ -31,39 +31,11 @@ def settle_interrupted(out_dir) -> None:
     """Give back the run an interrupted ``train --force`` set aside before --resume reads the run's
     data.json and config.yaml (else it reads those of the run that never wrote a checkpoint)."""
     from receipt_embed.locking import write_lock
-    from receipt_embed.training.rundir import leftovers_of, settle_leftovers
+    from receipt_embed.training.replacement import leftovers_of, settle_leftovers
 
     if leftovers_of(out_dir):
         with write_lock(out_dir):
             settle_leftovers(out_dir, log=lambda message: click.echo(f"Warning: {message}", err=True))
-
-
-def preflight(config, data_dir: str, out: Path, resume: bool, nproc: int, force: bool = False) -> None:
-    """Checks made once, before launching N processes (so a mistake is one line, exit 2)."""
-    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
-    from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
-    from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
-    from receipt_embed.training.trainer import LAST
-
-    check_run_out(out)
-    refuse_dataset_inside(out, data_dir)
-    identities = len(select_split(load_dataset_dir(data_dir), "train").identities)
-    batch = min(config.train.batch_size, identities)
-    if batch % nproc:
-        raise ValueError(f"train.batch_size {batch} does not split over {nproc} processes; use a multiple of {nproc}")
-    last = out / LAST
-    if resume:
-        saved = load_checkpoint(last).get("world_size", 1)
-        if saved != nproc:
-            raise CheckpointError(
-                f"{last} was written by a run over {saved} process(es); resume it with the same "
-                f"number (--nproc {saved}), not {nproc}: the global batches would differ"
-            )
-    elif last.exists() and not force:
-        raise CheckpointError(
-            f"{out} already holds a run ({last}); pass --resume to continue it, --force to replace it, "
-            "or choose another --out"
-        )
 
 
 def launch_torchrun(nproc: int, out: Path) -> int:
@@ -194,7 +166,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
         raise InputError(str(exc)) from None
     if resume and data_dir is None:
         from receipt_embed.training.checkpoint import CheckpointError
-        from receipt_embed.training.trainer import recorded_data_dir
+        from receipt_embed.training.resume import recorded_data_dir
 
         try:
             data_dir = recorded_data_dir(out_dir)  # the run's own dataset, not the bundled samples
@@ -267,6 +239,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     from receipt_embed.plugin_manager import PluginLoadError
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.training.resume import preflight
     from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
     from receipt_embed.training.trainer import train as run_training
 

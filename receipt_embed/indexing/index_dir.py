@@ -13,7 +13,6 @@ edited file, or items that do not belong to the index, is an error naming the fi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -22,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed import __version__
-from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl, sha256_file
 from receipt_embed.indexing.contents import check_embeddings, check_index_matches, check_items, check_meta_types
 from receipt_embed.npyfile import BadNpyFile, load_npy
 from receipt_embed.userfiles import UnusableFile, open_regular, read_regular_text
+from receipt_embed.version import __version__
 
 INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE, META_FILE = "index.faiss", "items.jsonl", "embeddings.npy", "index.json"
 FORMAT_VERSION = 1
@@ -49,15 +48,6 @@ class IndexDir:
     @property
     def count(self) -> int:
         return len(self.items)
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    """sha256 of a regular file (a FIFO or device raises UnusableFile instead of blocking)."""
-    digest = hashlib.sha256()
-    with open_regular(path, None) as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_faiss(index, path: Path) -> None:

@@ -16,18 +16,6 @@ from receipt_embed.fileio import atomic_open
 from receipt_embed.userfiles import UnusableFile, open_regular
 
 FORMAT_VERSION = 1
-# config sections that define the model's shape; a mismatch makes a checkpoint unusable
-ARCHITECTURE_KEYS = (
-    ("model", "encoder"),
-    ("model", "pooling"),
-    ("model", "grid"),
-    ("model", "head_hidden"),
-    ("model", "head_dim"),
-    ("model", "input_norm"),
-    ("model", "params"),
-    ("data", "image_size"),
-    ("data", "grayscale"),
-)
 
 
 class CheckpointError(RuntimeError):
@@ -168,20 +156,3 @@ def load_weights(module: torch.nn.Module, weights: dict, path, key: str = "model
         module.load_state_dict(weights)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {key} cannot be loaded: {str(exc).strip().splitlines()[0]}") from None
-
-
-def architecture(config: dict) -> dict:
-    # model.params came later: a config without it had none
-    return {".".join(key): config[key[0]].get(key[1], {} if key[1] == "params" else None) for key in ARCHITECTURE_KEYS}
-
-
-def check_compatible(state: dict, config: dict, path: str | Path) -> None:
-    """Refuse a checkpoint whose model shape differs from the config's, naming the keys."""
-    saved, wanted = architecture(state["config"]), architecture(config)
-    diffs = [
-        f"{key}: checkpoint has {saved[key]!r}, config has {wanted[key]!r}"
-        for key in saved
-        if saved[key] != wanted[key]
-    ]
-    if diffs:
-        raise CheckpointError(f"{path} was trained with another architecture: " + "; ".join(diffs))

@@ -1,149 +1,26 @@
-"""Replacing a run with ``train --force`` without ever leaving the user with neither run.
+"""A run dir: what it holds, how it is told from other folders, and what it may not hold.
 
-A run dir is updated in place (checkpoints are atomic, metrics are appended), so it is not
-swapped whole like an index dir. Instead ``--force`` moves the old run's files into a sibling
-``PARENT/.NAME.old-PID`` and deletes them only once the new run has written its first
-checkpoint; a new run that fails before that gets the old files back. A writer killed in
-between leaves the sibling, and the next writer (under the lock) settles it: the new run has a
-checkpoint, so the old files go; it has none, so they come back.
+Layout: ``config.yaml`` (the resolved config), ``data.json`` (the dataset dir and its
+manifest's sha256), ``metrics.jsonl`` (a line per epoch), ``checkpoints/last.pt`` and
+``checkpoints/best.pt``, whatever plugins add, and ``dataset/`` when ``train`` ingested the
+samples itself. A folder is a run dir of ours only by those files, so ``train --out`` never
+writes into a user's folder, a dataset or an index.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import warnings
 from pathlib import Path
 
-LAST_CHECKPOINT = Path("checkpoints") / "last.pt"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+DATA_FILE = "data.json"  # the dataset dir a run trains on, and its manifest's sha256
+LAST, BEST = "checkpoints/last.pt", "checkpoints/best.pt"
+LAST_CHECKPOINT = Path(LAST)
 KEPT = "dataset"  # the samples `train` ingests into RUN_DIR/dataset when no --data is given: not the run's
 
-
-def run_entries(run_dir: Path) -> list[str]:
-    """What belongs to the run (its files and those its plugins wrote), ``checkpoints`` first."""
-    if not run_dir.is_dir():
-        return []
-    names = [p.name for p in run_dir.iterdir() if p.name != KEPT and not p.name.startswith(f".{KEPT}.")]
-    return sorted(names, key=lambda name: (name != "checkpoints", name))
-
-
-def _aside_dirs(run_dir: Path) -> list[Path]:
-    """Siblings ``.NAME.old-PID`` a killed ``--force`` writer left: real folders (not links) of a PID
-    no longer running that hold a run's files; a user's folder with such a name is never touched."""
-    from receipt_embed.outdir import _pid_running
-
-    if not run_dir.parent.is_dir():
-        return []
-    prefix = f".{run_dir.name}.old-"
-    found = []
-    for path in run_dir.parent.iterdir():
-        pid = path.name[len(prefix) :]
-        if not path.name.startswith(prefix) or not pid.isdigit() or _pid_running(int(pid)):
-            continue
-        if path.is_symlink() or not path.is_dir():
-            continue
-        entries = {entry.name for entry in path.iterdir()}
-        if entries and ("checkpoints" in entries or entries <= RUN_FILES):
-            found.append(path)
-    return sorted(found)
-
-
-def leftovers_of(run_dir: str | os.PathLike) -> list[Path]:
-    """The old runs interrupted ``train --force`` writers left beside ``run_dir``."""
-    return _aside_dirs(Path(os.path.abspath(run_dir)))
-
-
-def set_aside(run_dir: str | os.PathLike) -> Path | None:
-    """Move the run's files (all but ``dataset/``) into a sibling; returns it (None when there were none).
-
-    ``checkpoints/`` moves first, so at every moment either ``run_dir`` still holds its
-    ``last.pt`` (nothing moved yet) or the sibling holds it (see :func:`settle_leftovers`)."""
-    run_dir = Path(os.path.abspath(run_dir))
-    present = run_entries(run_dir)
-    if not present:
-        return None
-    aside = run_dir.parent / f".{run_dir.name}.old-{os.getpid()}"
-    aside.mkdir(exist_ok=True)
-    for name in present:
-        os.rename(run_dir / name, aside / name)
-    return aside
-
-
-def restore(run_dir: str | os.PathLike, aside: Path) -> None:
-    """Put the old run's files back over whatever the new run wrote, and remove the sibling."""
-    run_dir = Path(run_dir)
-    old = {entry.name for entry in aside.iterdir()}
-    for name in run_entries(run_dir):  # the new run's files go, also those the old run did not have
-        if name not in old:
-            _remove(run_dir / name)
-    for name in sorted(old, key=lambda name: name == "checkpoints"):  # checkpoints last: last.pt means done
-        _remove(run_dir / name)
-        os.rename(aside / name, run_dir / name)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def discard(aside: Path | None) -> None:
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def settle_leftovers(run_dir: str | os.PathLike, log=None) -> None:
-    """Under the run's lock: finish what a ``--force`` writer killed mid-way left beside it, and
-    remove the temporary files of atomic writes a killed writer left in it."""
-    run_dir = Path(os.path.abspath(run_dir))
-    temporary = [
-        p
-        for folder in (run_dir, run_dir / "checkpoints")
-        if folder.is_dir()
-        for p in folder.glob(".*.tmp")
-        if p.is_file()
-    ]
-    for path in temporary:
-        path.unlink(missing_ok=True)
-    if temporary:
-        (log or warnings.warn)(
-            f"removed {len(temporary)} temporary file(s) of an interrupted write in {run_dir} "
-            f"({', '.join(p.name for p in temporary[:3])}{', ...' if len(temporary) > 3 else ''})"
-        )
-    for aside in _aside_dirs(run_dir):
-        if (run_dir / LAST_CHECKPOINT).exists():
-            discard(aside)
-            note = f"removed {aside.name}, the replaced run an interrupted `train --force` left beside {run_dir}"
-        else:
-            restore(run_dir, aside)
-            note = (
-                f"restored the run in {run_dir} from {aside.name}: the `train --force` that replaced it "
-                "was interrupted before its first checkpoint"
-            )
-        (log or warnings.warn)(note)
-
-
-class Replacement:
-    """The old run of a ``--force`` run: set aside at the start, dropped at the first checkpoint."""
-
-    def __init__(self, run_dir: str | os.PathLike):
-        self.run_dir = Path(run_dir)
-        self.aside = set_aside(run_dir)
-
-    def checkpoint_written(self) -> None:
-        discard(self.aside)
-        self.aside = None
-
-    def failed(self) -> None:
-        if self.aside is not None:
-            restore(self.run_dir, self.aside)
-            self.aside = None
-
-
 # what a run writes at its top level (plugins may add files, but only a run with a checkpoint is known to be ours)
-RUN_FILES = {"config.yaml", "data.json", "metrics.jsonl", "checkpoints", KEPT}
+RUN_FILES = {CONFIG_FILE, DATA_FILE, METRICS_FILE, "checkpoints", KEPT}
 SWEEP_FILES = {"sweep.json", KEPT}
 FOREIGN = (
     "holds files that receipt-embed did not write, not a run dir; it is never replaced or written into "
@@ -275,3 +152,15 @@ def refuse_dataset_inside(out: str | os.PathLike, data_dir: str | os.PathLike | 
                 f" the {role} {data_dir}" if source == Path(data_dir) else f" {source}, read by the {role} {data_dir}"
             )
             raise ValueError(f"--out {out} {what}; training there would destroy its own input: choose another --out")
+
+
+def refuse_other_kinds(run_dir, data_dir=None) -> None:
+    """A dataset, index, shard or report dir, a user's folder, or one holding the data the run reads, is
+    never turned into a run dir."""
+    from receipt_embed.outdir import WHAT, dir_kind
+
+    kind = dir_kind(run_dir)
+    if kind in ("dataset", "index", "shard", "audit"):
+        raise ValueError(f"{run_dir} holds {WHAT[kind]}, not a run; train into another --out")
+    check_run_out(run_dir)
+    refuse_dataset_inside(run_dir, data_dir)

@@ -1,0 +1,138 @@
+"""Starting, resuming or replacing a run: the checks made before anything is written.
+
+The CLI makes them once before it launches N processes (a mistake is one line, exit 2),
+and the trainer makes them again for library callers; both call these functions, so the
+rules and their messages live here once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
+from receipt_embed.training.rundir import DATA_FILE, LAST, check_run_out, refuse_dataset_inside
+
+# config keys that may change when resuming (everything else must match the checkpoint)
+RESUMABLE_CHANGES = {"train.epochs", "train.num_workers", "plugins.dir", "plugins.strict"}
+
+
+def dataset_record(data_dir) -> dict:
+    """Where a run's data lives and what it was, so --resume can find it and refuse another."""
+    from receipt_embed.data.dataset_dir import MANIFEST_FILE
+    from receipt_embed.fileio import sha256_file
+
+    manifest = Path(data_dir) / MANIFEST_FILE
+    return {
+        "data_dir": str(Path(data_dir).resolve()),
+        "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
+    }
+
+
+def _read_data_record(run_dir) -> dict | None:
+    from receipt_embed.fileio import read_json
+    from receipt_embed.userfiles import UnusableFile
+
+    path = Path(run_dir) / DATA_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        saved = read_json(path)
+        saved["data_dir"]
+    except UnusableFile:
+        raise  # a FIFO or device named as such: never read
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(
+            f"{path} is damaged; resume with --data DATASET_DIR (it is rewritten by a fresh run)"
+        ) from None
+    return saved
+
+
+def recorded_data_dir(run_dir) -> str | None:
+    """The dataset dir a run was started on (None for a run without data.json)."""
+    saved = _read_data_record(run_dir)
+    return saved["data_dir"] if saved else None
+
+
+def check_same_dataset(run_dir, record: dict) -> None:
+    """Refuse to resume a run on another dataset, or on its own dataset changed since."""
+    saved = _read_data_record(run_dir)
+    if saved is None:
+        return
+    if record["manifest_sha256"] is None:
+        raise CheckpointError(
+            f"cannot resume {run_dir}: {record['data_dir']} holds no manifest.jsonl (moved or "
+            "deleted?); pass --data with the dataset dir the run was trained on"
+        )
+    if saved.get("manifest_sha256") and record["manifest_sha256"] != saved["manifest_sha256"]:
+        if Path(record["data_dir"]) == Path(saved["data_dir"]):  # the same dir, re-ingested or edited since
+            raise CheckpointError(
+                f"cannot resume {run_dir}: the manifest of {record['data_dir']} changed since the "
+                f"run was trained on it (its sha256 is not the one in {Path(run_dir) / DATA_FILE}); "
+                "resume on the dataset as it was, or start a new run with --force"
+            )
+        raise CheckpointError(
+            f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
+            f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}"
+        )
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and value and key != "params":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resume_config(saved: dict, current: dict, path: Path) -> None:
+    """Only RESUMABLE_CHANGES may differ between the checkpoint's config and the current one."""
+    a, b = _flatten(saved), _flatten(current)
+    diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES]
+    if diffs:
+        details = "; ".join(f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in diffs)
+        raise CheckpointError(f"cannot resume from {path}: the config differs ({details})")
+
+
+def open_run(run_dir, resume: bool, force: bool, world_size: int, config_dict: dict | None = None) -> dict | None:
+    """The checkpoint to resume from (None for a fresh run), after refusing a resume over another
+    process count or config, and a fresh run over an existing one without ``force``."""
+    last = Path(run_dir) / LAST
+    if not resume:
+        if last.exists() and not force:
+            raise CheckpointError(
+                f"{run_dir} already holds a run ({last}); pass --resume to continue it, --force to "
+                "replace it, or choose another --out"
+            )
+        return None
+    state = load_checkpoint(last)
+    if config_dict is not None:
+        check_resume_config(state["config"], config_dict, last)
+    saved_world = state.get("world_size", 1)
+    if saved_world != world_size:
+        raise CheckpointError(
+            f"{last} was written by a run over {saved_world} process(es); resume it with the same number "
+            f"(--nproc {saved_world}), not {world_size}: the global batches would differ"
+        )
+    return state
+
+
+def check_batch_splits(batch_size: int, world_size: int) -> None:
+    """Every process gets the same share of a global batch."""
+    if batch_size % world_size:
+        raise ValueError(
+            f"train.batch_size {batch_size} does not split over {world_size} processes; use a multiple of {world_size}"
+        )
+
+
+def preflight(config, data_dir, out: Path, resume: bool, nproc: int, force: bool = False) -> None:
+    """Checks made once, before launching N processes (so a mistake is one line, exit 2)."""
+    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
+
+    check_run_out(out)
+    refuse_dataset_inside(out, data_dir)
+    identities = len(select_split(load_dataset_dir(data_dir), "train").identities)
+    check_batch_splits(min(config.train.batch_size, identities), nproc)
+    open_run(out, resume, force, nproc)

@@ -1,0 +1,27 @@
+"""The learning-rate schedule: linear warmup, then cosine decay to zero."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from receipt_embed.config import Config
+
+
+def lr_schedule(optimizer, steps_per_epoch: int, config: Config):
+    """Linear warmup from 1% then cosine decay to 0 at the last step of ``train.epochs``.
+
+    The factor is a pure function of the step and the *current* plan, so a run resumed with a
+    different ``train.epochs`` re-plans its cosine over the new total and still anneals to 0
+    at its end (a stateful cosine would keep the old period and climb back up)."""
+    total = max(1, steps_per_epoch * config.train.epochs)
+    warmup = min(total - 1, round(config.train.warmup_epochs * steps_per_epoch))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return 0.01 + 0.99 * step / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,75 @@
+"""What a checkpoint holds of a run in progress, and putting it back on ``--resume``.
+
+Besides the weights: the loss's, optimizer's and schedule's state, the epoch and step, the
+epoch's running sums, the best epoch so far and the torch RNG, so a resumed run continues
+exactly where the interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from receipt_embed.fileio import atomic_write_jsonl, read_jsonl_tail_tolerant
+from receipt_embed.training.checkpoint import CheckpointError, check_resumable, load_weights
+from receipt_embed.training.rundir import METRICS_FILE
+
+
+def run_state(trainer) -> dict:
+    """The checkpoint of ``trainer`` (a :class:`~receipt_embed.training.trainer.Trainer`) as it is now."""
+    return {
+        "model": trainer.model.state_dict(),
+        **({"momentum_model": trainer.key_model.state_dict()} if trainer.key_model is not None else {}),
+        "loss": trainer.loss_fn.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
+        "epoch": trainer.epoch,
+        "step": trainer.step,
+        "sums": dict(trainer.sums),
+        "best": trainer.best,
+        "torch_rng": torch.get_rng_state(),
+        "config": trainer.config_dict,
+        "world_size": trainer.ctx.world_size,
+    }
+
+
+def restore_state(trainer, state: dict, path: Path) -> None:
+    """Put checkpoint ``state`` (read from ``path``) back into ``trainer``; each part that does not
+    fit is a CheckpointError naming it."""
+    check_resumable(state, path)
+    load_weights(trainer.model, state["model"], path)
+    if trainer.key_model is not None:
+        if "momentum_model" not in state:
+            raise CheckpointError(f"{path} lacks 'momentum_model', which the loss {trainer.config.loss.name!r} needs")
+        load_weights(trainer.key_model, state["momentum_model"], path, "momentum_model")
+    for key, target in (("loss", trainer.loss_fn), ("optimizer", trainer.optimizer), ("scheduler", trainer.scheduler)):
+        try:
+            target.load_state_dict(state[key])
+        except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: {key} does not fit this run: {str(exc).strip().splitlines()[0]}") from None
+    trainer.epoch, trainer.step = state["epoch"], state["step"]
+    trainer.sums = dict(state["sums"])
+    trainer.best = state.get("best")
+    try:
+        torch.set_rng_state(state["torch_rng"])
+    except (RuntimeError, TypeError) as exc:
+        raise CheckpointError(
+            f"{path}: torch_rng is not a torch RNG state: {str(exc).strip().splitlines()[0]}"
+        ) from None
+    if trainer.ctx.is_main:  # rank 0 alone reads and writes the run's files
+        drop_unconfirmed_metrics(trainer.run_dir, trainer.epoch)
+
+
+def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> None:
+    """Metrics of epochs after the checkpoint were never confirmed (nor a torn last line): drop them."""
+    metrics = Path(run_dir) / METRICS_FILE
+    if not metrics.exists():
+        return
+    rows, torn = read_jsonl_tail_tolerant(metrics)
+    bad = [n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or not isinstance(m.get("epoch"), int)]
+    if bad:
+        raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
+    kept = [m for m in rows if m["epoch"] <= epoch]
+    if torn or len(kept) < len(rows):
+        atomic_write_jsonl(metrics, kept)

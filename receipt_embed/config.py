@@ -19,8 +19,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
+from receipt_embed.errors import BadInput
 
-class ConfigError(ValueError):
+
+class ConfigError(BadInput):
     """The configuration is invalid; the message names the key."""
 
 
@@ -46,7 +48,7 @@ class IngestConfig(_Section):
     @classmethod
     def _ratios(cls, value):
         if any(r < 0 for r in value) or abs(sum(value) - 1.0) > 1e-6:
-            raise ValueError(f"must be three non-negative numbers summing to 1, got {list(value)}")
+            raise BadInput(f"must be three non-negative numbers summing to 1, got {list(value)}")
         return value
 
 

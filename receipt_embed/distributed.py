@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from receipt_embed.errors import BadInput
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -118,7 +120,7 @@ def identity_slice(identities: list, rank: int, world_size: int) -> list:
     Every rank draws the same global batch from the same seeded sampler, so identities are
     unique across the whole global batch; its size must divide by the world size."""
     if len(identities) % world_size:
-        raise ValueError(
+        raise BadInput(
             f"a global batch of {len(identities)} identities does not split over {world_size} ranks; "
             "use a batch size divisible by the world size"
         )

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from receipt_embed.config import Config
 from receipt_embed.data.cache import ImageCache, cache_size
 from receipt_embed.data.views import clean_batches
+from receipt_embed.errors import BadInput
 from receipt_embed.models.embedder import Embedder
 from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint, load_weights
 
@@ -75,7 +76,7 @@ def embed_paths(
     Files are read within the checkpoint config's ``ingest.max_bytes`` and ``max_pixels``;
     ``digests`` (sha256 per path, from a dataset dir) refuse captures replaced since ingest."""
     if features not in FEATURES:
-        raise ValueError(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
+        raise BadInput(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
     config = loaded.config
     size = cache_size(tuple(config.data.image_size), config.train.cache_margin)
     out = []

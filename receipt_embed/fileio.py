@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from receipt_embed.errors import BadInput
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, open_regular, read_regular
 
 # a run's metrics, a dataset's manifest or an index's items: large, but bounded
@@ -36,7 +37,7 @@ _UMASK = _current_umask()
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
-class DiskFull(ValueError):
+class DiskFull(BadInput):
     """No space (or quota) left while writing ``path``; one line for the user, exit code 2."""
 
     def __init__(self, path, free_bytes: int | None):
@@ -158,7 +159,7 @@ def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[d
             if number == len(complete) and not tail.strip():
                 dropped = number
                 break
-            raise ValueError(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
+            raise BadInput(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
     if tail.strip():
         dropped = len(complete) + 1
     if dropped is not None:
@@ -172,14 +173,14 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     try:
         text = read_regular(path, MAX_JSONL_BYTES).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise BadInput(f"{path}: not UTF-8 text (byte {exc.start})") from None
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
+            raise BadInput(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
     return rows
 
 
@@ -214,6 +215,6 @@ def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES):
     try:
         return json.loads(read_regular(path, max_bytes).decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise BadInput(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+        raise BadInput(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None

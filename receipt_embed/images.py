@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from receipt_embed.errors import BadInput
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
 
 # Pillow's own decompression-bomb threshold: the default where no config is at hand
@@ -24,7 +25,7 @@ SUPPORTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "TIFF", "BMP"})
 _PIL_LIMIT_LOCK = threading.Lock()
 
 
-class ImageRejected(ValueError):
+class ImageRejected(BadInput):
     """A file that is not a usable capture; ``reason`` is a stable code for reports (a
     ValueError, so the CLI reports it as bad input)."""
 

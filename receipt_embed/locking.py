@@ -28,11 +28,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from receipt_embed.errors import BadInput
+
 HELD_LOCKS_ENV = "RECEIPT_EMBED_HELD_LOCKS"  # os.pathsep-separated lock files a parent process holds
 _held: dict[str, int] = {}  # lock file -> how many nested holds this process has on it
 
 
-class DirLocked(ValueError):
+class DirLocked(BadInput):
     """Another live process is writing the dir; the message names it (one line)."""
 
 
@@ -45,7 +47,7 @@ class StoppedBySignal(SystemExit):
 _received: list[int] = []  # exit codes of the stop signals this process received while holding a lock
 
 
-class UnusableLockFile(ValueError):
+class UnusableLockFile(BadInput):
     """The lock file is a link, FIFO, device or folder (or has other names): never written through."""
 
 

@@ -14,10 +14,11 @@ import os
 import numpy as np
 from numpy.lib import format as npy_format
 
+from receipt_embed.errors import BadInput
 from receipt_embed.userfiles import open_regular
 
 
-class BadNpyFile(ValueError):
+class BadNpyFile(BadInput):
     """A ``.npy`` file whose header is unreadable, or disagrees with its size or kind."""
 
 

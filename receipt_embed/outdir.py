@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
 from receipt_embed.locking import write_lock
 
@@ -124,7 +125,7 @@ def refuse_nested(out: str | os.PathLike, kind: str) -> None:
     parent, parent_kind = found
     if (parent_kind, kind) in NESTED_OK and Path(os.path.abspath(out)).parent == parent:
         return
-    raise ValueError(
+    raise BadInput(
         f"--out {out} is inside {WHAT[parent_kind]} ({parent}); that dir is replaced whole by the "
         f"command that wrote it, so {WHAT[kind]} must not be written inside it: choose another --out"
     )
@@ -139,10 +140,10 @@ def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
         return
     if found == kind:
         if not force:
-            raise ValueError(f"{out} already holds {WHAT[kind]}; pass --force to replace it, or choose another --out")
+            raise BadInput(f"{out} already holds {WHAT[kind]}; pass --force to replace it, or choose another --out")
         return
     what = "a file" if not Path(out).is_dir() else WHAT.get(found, "files that receipt-embed did not write")
-    raise ValueError(
+    raise BadInput(
         f"{out} holds {what}, not {WHAT[kind]}; it is never replaced (not even with --force): choose another --out"
     )
 
@@ -156,7 +157,7 @@ def refuse_own_input(out: str | os.PathLike, inputs: dict[str, str | os.PathLike
         source = Path(given).resolve()
         if source == target or source.is_relative_to(target):
             where = "is" if source == target else "holds"
-            raise ValueError(
+            raise BadInput(
                 f"--out {out} {where} the {role} {given} this command reads; writing there would "
                 "destroy its own input: choose another --out"
             )

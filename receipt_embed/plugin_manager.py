@@ -24,6 +24,7 @@ from pathlib import Path
 import pluggy
 
 from receipt_embed import hookspecs
+from receipt_embed.errors import BadInput
 from receipt_embed.registry import KINDS, ComponentClash, PluginInfo, Registry
 
 ENTRY_POINT_GROUP = "receipt_embed"
@@ -38,7 +39,7 @@ BUILTIN_PLUGINS = (
 )
 
 
-class PluginLoadError(RuntimeError):
+class PluginLoadError(BadInput, RuntimeError):
     """A plugin failed to import or register (fatal only under --strict-plugins)."""
 
 
@@ -126,14 +127,14 @@ class PluginLoader:
             if marked and attr not in specs:
                 close = difflib.get_close_matches(attr, sorted(specs), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(
+                raise BadInput(
                     f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
                 )
             if marked and attr in specs:
                 options = getattr(value, f"{hookspecs.PROJECT_NAME}_impl") or {}
                 if options.get("wrapper") or options.get("hookwrapper"):
                     flag = "wrapper=True" if options.get("wrapper") else "hookwrapper=True"
-                    raise ValueError(
+                    raise BadInput(
                         f"{attr}() is a hook wrapper ({flag}); receipt-embed calls each plugin's hooks on their own "
                         "(so one failing plugin cannot stop the others), which would skip a wrapper's body: "
                         "use a plain @hookimpl"
@@ -146,7 +147,7 @@ class PluginLoader:
                     and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
                 ]
                 if wrong:
-                    raise ValueError(
+                    raise BadInput(
                         f"{attr}() takes arguments named {', '.join(wrong)}; the hook offers "
                         f"{', '.join(allowed)} (use those names, any subset)"
                     )

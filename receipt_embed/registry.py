@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from receipt_embed.errors import BadInput
+
 # component kind -> the hook that registers it
 KINDS: dict[str, str] = {
     "loss": "register_losses",
@@ -56,7 +58,7 @@ PARAMS_KEY = {
 }
 
 
-class ComponentError(ValueError):
+class ComponentError(BadInput):
     """A component could not be registered, found or built."""
 
 

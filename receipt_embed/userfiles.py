@@ -14,11 +14,13 @@ import os
 import stat
 from typing import BinaryIO
 
+from receipt_embed.errors import BadInput
+
 # what a receipt photo, a manifest or an index file may weigh before it is refused unread
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 
-class UnusableFile(ValueError):
+class UnusableFile(BadInput):
     """A path that cannot be read as a regular file; ``reason`` is a stable code for reports.
 
     Codes: ``missing_file``, ``not_a_file`` (directory, FIFO, device, socket),

@@ -58,3 +58,38 @@ def test_global_option_after_the_command_says_where_it_goes(cli, tmp_path):
         "--plugins-dir is an option of receipt-embed itself: put it before the command, "
         "e.g. receipt-embed --plugins-dir DIR plugins ..."
     ) in result.stderr
+
+
+def test_an_internal_error_is_exit_1_with_a_hint_and_bad_input_is_exit_2(cli, tmp_path):
+    """Bad input (any BadInput) is one line and exit 2; anything else is a bug: exit 1, a short
+    message that says so and how to see the traceback, which --debug shows."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "breaks_listing.py").write_text(
+        "import receipt_embed.cli.plugins as listing\n"
+        "def broken(registry, plugin_name):\n"
+        "    return {}['no such key']\n"
+        "listing.call_hooks = broken  # a bug in the listing, as far as the command can tell\n"
+    )
+    crashed = cli("--plugins-dir", plugins, "plugins")
+    assert crashed.returncode == 1, crashed.stderr
+    assert crashed.stderr.splitlines()[0] == "Error: internal error: KeyError: 'no such key'"
+    assert "not a problem with your input" in crashed.stderr and "--debug" in crashed.stderr
+    assert "Traceback" not in crashed.stderr and len(crashed.stderr.strip().splitlines()) == 2
+
+    debug = cli("--debug", "--plugins-dir", plugins, "plugins")
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert "in broken" in debug.stderr and debug.stderr.strip().endswith("KeyError: 'no such key'")
+
+    bad = cli("--debug", "ingest", tmp_path / "missing_folder", "--out", tmp_path / "ds")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+
+    from receipt_embed.config import ConfigError
+    from receipt_embed.errors import BadInput
+    from receipt_embed.fileio import DiskFull
+    from receipt_embed.indexing.index_dir import IndexDirError
+    from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.userfiles import UnusableFile
+
+    for error in (ConfigError, CheckpointError, DiskFull, IndexDirError, UnusableFile):
+        assert issubclass(error, BadInput) and issubclass(error, ValueError), error

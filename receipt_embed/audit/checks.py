@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
+
 
 @dataclass
 class AuditContext:
@@ -57,7 +59,7 @@ class AuditContext:
         return self._neighbours[k]
 
 
-class AuditCheckError(RuntimeError):
+class AuditCheckError(BadInput, RuntimeError):
     """A check raised or returned something that is not a result (fatal with --strict-plugins)."""
 
 
@@ -107,7 +109,7 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(
+            raise BadInput(
                 f"{option}: no audit check {name!r}{hint}; checks: {', '.join(names) or '(none registered)'}"
             )
         return name
@@ -123,11 +125,11 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
         key, sep, value = item.partition("=")
         name, dot, param = key.strip().partition(".")
         if not sep or not dot or not param:
-            raise ValueError(f"--check-set expects NAME.KEY=VALUE, got {item!r}")
+            raise BadInput(f"--check-set expects NAME.KEY=VALUE, got {item!r}")
         try:  # read exactly like a --set value (1e-1 is a number, yes is a string)
             parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
         except Exception as exc:
-            raise ValueError(f"--check-set {item!r}: cannot read the value: {str(exc).splitlines()[0]}") from None
+            raise BadInput(f"--check-set {item!r}: cannot read the value: {str(exc).splitlines()[0]}") from None
         params.setdefault(known(name, "--check-set"), {})[param] = parsed
     return skipped, params
 
@@ -170,7 +172,7 @@ def run_checks(
                 else ""
             )
             if params.get(name):  # the user's --check-set values: theirs to fix, always fatal
-                raise ValueError(f"{exc}{hint}") from None
+                raise BadInput(f"{exc}{hint}") from None
             check = _FailedFactory(AuditCheckError(f"{exc}{hint}"))  # a plugin bug: reported like a failing check
         try:
             result = _result(name, component.plugin, check(context))

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.diagnostics import QUANTILES, embedding_diagnostics
 from receipt_embed.evaluation.retrieval import l2_normalise, retrieval_metrics
 from receipt_embed.evaluation.shortcuts import attribute_lift
@@ -192,14 +193,14 @@ def audit_figures(
     for attribute in names:
         empty = [i for i, item in enumerate(items) if item.get(attribute) in (None, "")]
         if empty:
-            raise ValueError(
+            raise BadInput(
                 f"attribute {attribute!r} is empty or absent for {len(empty)} of {len(items)} items, "
                 f"first {items[empty[0]].get('path', f'item {empty[0]}')}"
             )
     receipt_ids = [str(item["receipt_id"]) for item in items]
     identities = {receipt_id: i for i, receipt_id in enumerate(sorted(set(receipt_ids)))}
     if len(identities) < 2:
-        raise ValueError(f"an audit needs at least 2 receipts, the index holds {len(identities)} ({len(items)} items)")
+        raise BadInput(f"an audit needs at least 2 receipts, the index holds {len(identities)} ({len(items)} items)")
     x = l2_normalise(embeddings)
     labels = np.array([identities[r] for r in receipt_ids])
     largest = int(np.bincount(labels).max())

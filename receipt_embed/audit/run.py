@@ -11,6 +11,7 @@ from receipt_embed.audit.checks import AuditContext, run_checks
 from receipt_embed.audit.confine import ImageRoots
 from receipt_embed.audit.figures import FlagRule, audit_figures
 from receipt_embed.display import printable
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_write_json, atomic_write_text, json_safe
 from receipt_embed.version import __version__
 
@@ -23,11 +24,11 @@ def check_attributes(items: list[dict], attributes: list[str], where) -> None:
     columns = sorted({key for item in items for key in item})
     for attribute in attributes:
         if attribute == "receipt_id":
-            raise ValueError("receipt_id is the identity every figure is measured against, not an attribute to audit")
+            raise BadInput("receipt_id is the identity every figure is measured against, not an attribute to audit")
         if attribute not in columns:
             close = difflib.get_close_matches(attribute, columns, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"attribute {attribute!r} is not a column of {where}{hint}; columns: {', '.join(columns)}")
+            raise BadInput(f"attribute {attribute!r} is not a column of {where}{hint}; columns: {', '.join(columns)}")
 
 
 def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, roots) -> list[dict]:
@@ -82,7 +83,7 @@ def run_audit(
 
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"report dir {out} is a file; the report needs a directory")
+        raise BadInput(f"report dir {out} is a file; the report needs a directory")
     refuse_own_input(out, {"index dir": index_path})
     read_meta(index_path)  # a missing index dir is named before the lock makes the report's parent
     with write_lock(out):

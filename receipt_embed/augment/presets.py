@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import albumentations as A
 
+from receipt_embed.errors import BadInput
+
 
 def _portrait_ratio(image_size: tuple[int, int]) -> tuple[float, float]:
     height, width = image_size
@@ -25,7 +27,7 @@ def build_none(image_size: tuple[int, int]) -> A.Compose:
 def build_capture(image_size: tuple[int, int], strength: float = 1.0, min_crop_scale: float = 0.8) -> A.Compose:
     """Phone- and scanner-like capture variation; ``strength`` scales every probability."""
     if not 0.0 <= strength <= 1.0:
-        raise ValueError(f"augment strength must be in [0, 1], got {strength}")
+        raise BadInput(f"augment strength must be in [0, 1], got {strength}")
     height, width = image_size
     p = lambda base: min(1.0, base * strength)  # noqa: E731 - a readable local shorthand
     return A.Compose(

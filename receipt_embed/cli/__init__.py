@@ -14,7 +14,11 @@ import warnings
 
 import click
 
+from receipt_embed.display import printable
+from receipt_embed.errors import BadInput
 from receipt_embed.version import __version__
+
+_debug = False  # set by --debug: internal errors show their traceback
 
 # command name -> "module:attribute"; help text is kept here so --help needs no import.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -86,6 +90,9 @@ class LazyGroup(click.Group):
                 return super().main(*args, **kwargs)
             finally:
                 sys.stdout.flush()
+        except BadInput as exc:  # bad input a command did not turn into its own message: still one line
+            click.echo(f"Error: {printable(str(exc))}", err=True)
+            sys.exit(2)
         except StdoutFailed as exc:
             try:  # what is still buffered would fail again at interpreter exit
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -93,6 +100,17 @@ class LazyGroup(click.Group):
                 pass
             click.echo(f"Error: {exc}", err=True)
             sys.exit(2)
+        except Exception as exc:  # not bad input: a bug, told apart from bad input by exit code 1
+            if _debug:
+                raise
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            click.echo(
+                f"Error: internal error: {type(exc).__name__}{': ' + printable(detail) if detail else ''}\n"
+                "This is a bug in receipt-embed or in one of its plugins, not a problem with your input; "
+                "rerun with --debug (receipt-embed --debug COMMAND ...) to see the traceback, and report it.",
+                err=True,
+            )
+            sys.exit(1)
 
     def list_commands(self, ctx):
         return sorted(COMMANDS)
@@ -108,7 +126,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except click.NoSuchOption as exc:  # a global option given after the command
-            if exc.option_name in ("--plugins-dir", "--strict-plugins"):
+            if exc.option_name in ("--plugins-dir", "--strict-plugins", "--debug"):
                 exc.message += (
                     f" {exc.option_name} is an option of receipt-embed itself: put it before the command, "
                     f"e.g. receipt-embed {exc.option_name}{' DIR' if exc.option_name == '--plugins-dir' else ''} "
@@ -145,9 +163,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     envvar="RECEIPT_EMBED_STRICT_PLUGINS",
     help="Fail when a plugin cannot be loaded instead of warning and skipping it.",
 )
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="RECEIPT_EMBED_DEBUG",
+    help="Show the traceback of an internal error (a bug) instead of a short message.",
+)
 @click.pass_context
-def main(ctx: click.Context, plugins_dir: str | None, strict_plugins: bool) -> None:
+def main(ctx: click.Context, plugins_dir: str | None, strict_plugins: bool, debug: bool) -> None:
     """Learn, index and audit image embeddings of photographed paper receipts."""
+    global _debug
+    _debug = debug
     warnings.showwarning = _show_warning
     ctx.ensure_object(dict)
     ctx.obj["plugins_dir"] = plugins_dir

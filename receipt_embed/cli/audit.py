@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from receipt_embed.cli.options import InputError, load_registry
+from receipt_embed.errors import BadInput
 
 
 @click.command("audit-shortcuts")
@@ -152,7 +153,7 @@ def audit_shortcuts(
             log=log,
             force=force,
         )
-    except (IndexDirError, OSError, ValueError, AuditCheckError) as exc:
+    except (IndexDirError, OSError, BadInput, AuditCheckError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))
     click.echo(f"Report: {out / 'audit.html'} (figures in {out / 'audit.json'})")

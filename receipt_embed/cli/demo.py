@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
+from receipt_embed.errors import BadInput
 
 
 def find_samples() -> Path | None:
@@ -88,7 +89,7 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
                     f"{out} already holds a demo run; pass --force to replace it, remove it or pass another --out"
                 )
             _run_demo(config, registry, out, samples, quiet)
-    except (OSError, ValueError) as exc:  # a second writer, a full disk, a part of OUT that is not ours
+    except (OSError, BadInput) as exc:  # a second writer, a full disk, a part of OUT that is not ours
         raise InputError(str(exc)) from None
 
 

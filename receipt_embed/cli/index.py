@@ -8,6 +8,7 @@ import click
 
 from receipt_embed.cli.options import InputError, load_registry
 from receipt_embed.display import printable
+from receipt_embed.errors import BadInput
 
 
 @click.command()
@@ -192,7 +193,7 @@ def index(
                 progress=not quiet and sys.stderr.isatty(),
                 **options,
             )
-    except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, ValueError) as exc:
+    except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, BadInput) as exc:
         raise InputError(str(exc)) from None
     params = printable(meta["search_params"] or "no search parameter")
     recall = (
@@ -251,7 +252,7 @@ def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet, 
             log=log,
             force=force,
         )
-    except (IndexBuildError, IndexDirError, OSError, ValueError, KeyError) as exc:
+    except (IndexBuildError, IndexDirError, OSError, BadInput, KeyError) as exc:
         raise InputError(str(exc)) from None
     click.echo(
         f"Merged {len(shard_dirs)} shards: {meta['count']} items of dim {meta['dim']} with "

@@ -8,6 +8,7 @@ import click
 
 from receipt_embed.cli.options import ExistingPath, InputError, config_options, resolve_config
 from receipt_embed.display import printable
+from receipt_embed.errors import BadInput
 
 
 def _ratios(ctx, param, value):
@@ -87,7 +88,7 @@ def ingest(
     config = resolve_config(config_file, [*overrides, *extra])
     try:
         result = run_ingest(source, out_dir, config.ingest, progress=not quiet and sys.stderr.isatty(), force=force)
-    except (ManifestError, OSError, ValueError) as exc:
+    except (ManifestError, OSError, BadInput) as exc:
         raise InputError(str(exc)) from None
     click.echo(result.summary())
     for entry in result.rejected[:10]:

@@ -11,6 +11,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from receipt_embed import samples
+from receipt_embed.errors import BadInput
 
 
 @click.command("make-samples")
@@ -84,7 +85,7 @@ def make_samples(
                 manifest = samples.capture_scans(scans, out_dir, devices, seed, progress=bar.update)
             else:
                 manifest = samples.make_samples(out_dir, receipts, devices, seed, progress=bar.update)
-        except ValueError as err:
+        except BadInput as err:
             raise click.UsageError(str(err)) from err
     names = ", ".join(d.name for d in samples.select_devices(devices))
     click.echo(

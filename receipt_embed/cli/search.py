@@ -11,6 +11,7 @@ import click
 
 from receipt_embed.cli.options import InputError, load_registry
 from receipt_embed.display import printable
+from receipt_embed.errors import BadInput
 
 
 def _print_results(results: list[dict], threshold) -> None:
@@ -100,7 +101,7 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
         results = search_images(
             loaded_index, list(images), load_registry(ctx), k=k, threshold=threshold, checkpoint=checkpoint
         )
-    except (IndexDirError, CheckpointError, ComponentError, OSError, ValueError) as exc:
+    except (IndexDirError, CheckpointError, ComponentError, OSError, BadInput) as exc:
         raise InputError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(results, indent=2))

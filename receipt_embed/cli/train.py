@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
+from receipt_embed.errors import BadInput
 
 
 def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, log) -> Path:
@@ -162,7 +163,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
         check_run_out(out_dir, sweep=sweep is not None)  # before its config.yaml or data.json is read
         if resume and int(os.environ.get("RANK", "0")) == 0:
             settle_interrupted(out_dir)
-    except ValueError as exc:
+    except BadInput as exc:
         raise InputError(str(exc)) from None
     if resume and data_dir is None:
         from receipt_embed.training.checkpoint import CheckpointError
@@ -170,7 +171,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
 
         try:
             data_dir = recorded_data_dir(out_dir)  # the run's own dataset, not the bundled samples
-        except (CheckpointError, ValueError) as exc:  # ValueError: data.json is not a regular file
+        except (CheckpointError, BadInput) as exc:  # ValueError: data.json is not a regular file
             raise InputError(str(exc)) from None
         if data_dir is None and os.path.lexists(Path(out_dir) / "config.yaml"):
             raise InputError(f"{out_dir} does not record its dataset (an older run): resume with --data DATASET_DIR")
@@ -227,7 +228,7 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
                 config_file,
                 overrides,
             )
-    except ValueError as exc:  # the lock is held by another writer, or the disk is full
+    except BadInput as exc:  # the lock is held by another writer, or the disk is full
         raise InputError(str(exc)) from None
 
 
@@ -246,7 +247,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     if nproc > 1 and world == 1:
         try:
             preflight(config, data_dir, out, resume, nproc, force)
-        except (CheckpointError, FileNotFoundError, ValueError) as exc:
+        except (CheckpointError, FileNotFoundError, BadInput) as exc:
             raise InputError(str(exc)) from None
         raise SystemExit(launch_torchrun(nproc, out))
     progress = not quiet and sys.stderr.isatty()
@@ -279,7 +280,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
             click.echo(f"Wrote {out / 'sweep.json'}; losses at different values are not compared")
             return
         result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log, force=force)
-    except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, BadInput) as exc:
         raise InputError(worker_message(exc)) from None
     except PluginLoadError as exc:  # a plugin hook failed under --strict-plugins
         raise InputError(str(exc)) from None

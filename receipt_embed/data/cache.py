@@ -13,11 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from tqdm import tqdm
 
+from receipt_embed.errors import BadInput
 from receipt_embed.images import DEFAULT_MAX_PIXELS, resize_bytes
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
 
 
-class CaptureChanged(ValueError):
+class CaptureChanged(BadInput):
     """A capture file differs from what ingest recorded in manifest.jsonl (replaced or edited)."""
 
 
@@ -68,7 +69,7 @@ class ImageCache:
         self.size = size
         digests = list(digests) if digests is not None else [None] * len(paths)
         if len(digests) != len(paths):
-            raise ValueError(f"{len(digests)} digests for {len(paths)} paths")
+            raise BadInput(f"{len(digests)} digests for {len(paths)} paths")
         with ThreadPoolExecutor(max_workers=workers) as pool:
             decoded = pool.map(
                 lambda job: load_capture(job[0], size, max_pixels, max_bytes, job[1]), zip(paths, digests)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receipt_embed.data.cache import REINGEST, CaptureChanged, ImageCache
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import read_jsonl
 from receipt_embed.ingest.pipeline import MANIFEST_FILE
 from receipt_embed.ingest.splits import SPLITS
@@ -58,14 +59,14 @@ def _load_dataset_dir_once(path: str | Path) -> list[dict]:
     for number, row in enumerate(rows, start=1):
         missing = [k for k in ("path", "receipt_id", "device", "split") if k not in row]
         if missing:
-            raise ValueError(f"{manifest}, line {number}: missing {', '.join(missing)}")
+            raise BadInput(f"{manifest}, line {number}: missing {', '.join(missing)}")
     return rows
 
 
 def select_split(rows: list[dict], split: str) -> Captures:
     """Captures of one split (``all`` for every row), labelled by identity."""
     if split != "all" and split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)} or all")
+        raise BadInput(f"unknown split {split!r}; use one of {', '.join(SPLITS)} or all")
     chosen = [row for row in rows if split == "all" or row["split"] == split]
     identities = sorted({row["receipt_id"] for row in chosen})
     index = {receipt_id: i for i, receipt_id in enumerate(identities)}

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from receipt_embed.data.cache import ImageCache
+from receipt_embed.errors import BadInput
 
 # inputs are scaled to roughly zero mean, unit variance for paper-and-ink images
 PIXEL_MEAN, PIXEL_STD = 0.5, 0.25
@@ -62,7 +63,7 @@ class ViewDataset(Dataset):
         ):  # a preset that skips the resize or returns floats would train on the wrong input
             if not isinstance(view, np.ndarray) or view.dtype != np.uint8 or view.shape != (*self.image_size, 3):
                 got = f"{view.dtype} {view.shape}" if isinstance(view, np.ndarray) else type(view).__name__
-                raise ValueError(
+                raise BadInput(
                     f"{self.source} returned a {got} view; views must be uint8 of "
                     f"{self.image_size[0]} x {self.image_size[1]} (data.image_size) x 3"
                 )
@@ -101,7 +102,7 @@ class SeededBatches:
             if self.n_captures is not None:
                 bad = [i for i in batch if not _valid_index(i, self.n_captures)]
                 if bad:
-                    raise ValueError(
+                    raise BadInput(
                         f"{self.source} yielded {bad[0]!r} in batch {step + 1} of epoch {self.epoch + 1}; "
                         f"indices must be integers in 0..{self.n_captures - 1} (the training captures)"
                     )

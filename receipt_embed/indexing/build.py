@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
 from receipt_embed.indexing.factory import build_index
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
 from receipt_embed.locking import write_lock
@@ -91,7 +92,7 @@ def _index_dataset(
 
     captures = select_split(load_dataset_dir(data_dir), split)
     if not len(captures):
-        raise ValueError(f"{data_dir} has no captures in split {split!r}")
+        raise BadInput(f"{data_dir} has no captures in split {split!r}")
     gone = [path for path in captures.paths if not Path(path).is_file()]
     if gone:
         raise FileNotFoundError(
@@ -107,7 +108,7 @@ def _index_dataset(
 
         start, end = shard_rows(len(rows), *shard)
         if start == end:
-            raise ValueError(
+            raise BadInput(
                 f"shard {shard[0]}/{shard[1]} of {len(rows)} captures is empty; use at most {len(rows)} shards"
             )
         rows = rows[start:end]
@@ -128,7 +129,7 @@ def _index_dataset(
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
     embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress, captures.digests)
     if (Path(out) / "shard.json").exists():
-        raise ValueError(f"--out {out} is a shard dir; write the index to its own dir")
+        raise BadInput(f"--out {out} is a shard dir; write the index to its own dir")
     built = build_index(embeddings, factory, log=log, **build_options)
     return write_index_dir(
         out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features, force=force
@@ -141,7 +142,7 @@ def embed_paths_checked(loaded, paths, features, batch_size, progress, digests=N
     embeddings = embed_paths(loaded, paths, features, batch_size=batch_size, progress=progress, digests=digests)
     bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
     if len(bad):
-        raise ValueError(f"the model produced non-finite embeddings for {len(bad)} images, first {paths[bad[0]]}")
+        raise BadInput(f"the model produced non-finite embeddings for {len(bad)} images, first {paths[bad[0]]}")
     return embeddings
 
 
@@ -160,7 +161,7 @@ def read_items_manifest(manifest: str | Path) -> tuple[Path, list[dict]]:
     for row in read_manifest(path):
         missing = [key for key in ("path", "receipt_id") if row.fields.get(key) in (None, "")]
         if missing:
-            raise ValueError(f"{path}, line {row.line}: missing {', '.join(missing)}")
+            raise BadInput(f"{path}, line {row.line}: missing {', '.join(missing)}")
         item = item_of(row.fields)
         item["path"] = str((path.parent / str(item["path"])).resolve())
         item["receipt_id"] = str(item["receipt_id"])
@@ -179,36 +180,36 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     except UnusableFile as exc:
         if exc.reason == "missing_file":
             raise FileNotFoundError(f"embeddings file not found: {path}") from None
-        raise ValueError(f"embeddings file {exc}") from None
+        raise BadInput(f"embeddings file {exc}") from None
     with handle:
         magic = handle.read(6)
         if magic.startswith(b"PK"):
-            raise ValueError(
+            raise BadInput(
                 f"{path}: expected a single .npy array, got an .npz archive (save one array with numpy.save)"
             )
         if magic != b"\x93NUMPY":
-            raise ValueError(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
+            raise BadInput(f"{path}: not a .npy file (no NumPy header); write the (N, D) array with numpy.save")
     try:
         array = load_npy(path)  # the header is checked against the file's size before any allocation
     except BadNpyFile:
         raise
     except ValueError as exc:
         reason = "it holds Python objects, not numbers" if "pickle" in str(exc) else str(exc)
-        raise ValueError(f"{path}: cannot be read as a numeric array: {reason}") from None
+        raise BadInput(f"{path}: cannot be read as a numeric array: {reason}") from None
     if array.ndim != 2:
-        raise ValueError(f"{path}: expected a 2-D array (items x dims), got shape {array.shape}")
+        raise BadInput(f"{path}: expected a 2-D array (items x dims), got shape {array.shape}")
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
-        raise ValueError(f"{path}: expected real numbers, got dtype {array.dtype}")
+        raise BadInput(f"{path}: expected real numbers, got dtype {array.dtype}")
     bad = np.flatnonzero(~np.isfinite(array).all(axis=1))
     if len(bad):
-        raise ValueError(f"{path}: row {bad[0]} (0-based) holds NaN or Inf ({len(bad)} such rows)")
+        raise BadInput(f"{path}: row {bad[0]} (0-based) holds NaN or Inf ({len(bad)} such rows)")
     huge = np.flatnonzero((np.abs(array) > np.finfo(np.float32).max).any(axis=1))
     if len(huge):
-        raise ValueError(f"{path}: row {huge[0]} (0-based) holds values beyond float32 range ({len(huge)} such rows)")
+        raise BadInput(f"{path}: row {huge[0]} (0-based) holds values beyond float32 range ({len(huge)} such rows)")
     array = array.astype(np.float32)
     zero = np.flatnonzero(np.linalg.norm(array, axis=1) == 0)
     if len(zero):
-        raise ValueError(f"{path}: row {zero[0]} (0-based) is all zeros and has no direction ({len(zero)} such rows)")
+        raise BadInput(f"{path}: row {zero[0]} (0-based) is all zeros and has no direction ({len(zero)} such rows)")
     return array
 
 
@@ -234,7 +235,7 @@ def _index_embeddings(embeddings_path, manifest, out, *, factory, log, force, **
     embeddings = load_embeddings(embeddings_path)
     manifest_path, items = read_items_manifest(manifest)
     if len(items) != len(embeddings):
-        raise ValueError(
+        raise BadInput(
             f"{embeddings_path} has {len(embeddings)} rows but {manifest_path} has {len(items)} "
             "captures; row i of the embeddings must be row i of the manifest"
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.retrieval import l2_normalise
 
 EXACT_FACTORIES = ("Flat", "IDMap,Flat")
@@ -27,7 +28,7 @@ KNOBS = {
 PLATEAU = 0.1  # a costlier setting must close at least this share of the gap to the target
 
 
-class IndexBuildError(ValueError):
+class IndexBuildError(BadInput):
     """A factory string FAISS rejects, or too few vectors to train an index."""
 
 

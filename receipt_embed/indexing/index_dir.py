@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl, sha256_file
 from receipt_embed.indexing.contents import check_embeddings, check_index_matches, check_items, check_meta_types
 from receipt_embed.npyfile import BadNpyFile, load_npy
@@ -33,7 +34,7 @@ FORMAT_VERSION = 1
 MAX_META_BYTES = 16 * 1024 * 1024
 
 
-class IndexDirError(ValueError):
+class IndexDirError(BadInput):
     """An index dir that is missing, incomplete or does not match its index.json."""
 
 
@@ -105,7 +106,7 @@ def write_index_dir(
     from receipt_embed.outdir import replace_dir
 
     if len(items) != len(embeddings) or built.index.ntotal != len(embeddings):
-        raise ValueError(
+        raise BadInput(
             f"{len(items)} items, {len(embeddings)} embeddings and {built.index.ntotal} indexed vectors differ"
         )
     with replace_dir(out, "index", force) as staging:

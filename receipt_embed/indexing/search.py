@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
 
@@ -80,7 +81,7 @@ def check_queries(paths: list[str], max_pixels: int, max_bytes: int | None = DEF
         except ImageRejected as exc:
             problems.append(exc.detail)
     if problems:
-        raise ValueError(
+        raise BadInput(
             f"{len(problems)} of {len(paths)} query images cannot be used (no search was run):\n  "
             + "\n  ".join(problems)
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
 from receipt_embed.indexing.contents import check_embeddings, check_items, check_shard_meta
 from receipt_embed.indexing.index_dir import MAX_META_BYTES, IndexDirError, sha256_file
@@ -29,7 +30,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     """``"i/n"`` (0 <= i < n) -> (i, n)."""
     match = _SHARD.match(text.strip())
     if not match or not int(match[1]) < int(match[2]):
-        raise ValueError(f"--shard takes i/n with 0 <= i < n (e.g. 0/4 ... 3/4), got {text!r}")
+        raise BadInput(f"--shard takes i/n with 0 <= i < n (e.g. 0/4 ... 3/4), got {text!r}")
     return int(match[1]), int(match[2])
 
 
@@ -43,7 +44,7 @@ def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: d
     from receipt_embed.outdir import replace_dir
 
     if (Path(out) / "index.json").exists():
-        raise ValueError(f"--out {out} holds an index dir; write the shard to its own dir")
+        raise BadInput(f"--out {out} holds an index dir; write the shard to its own dir")
     with replace_dir(out, "shard", force) as staging:
         return _write_shard_files(staging, vectors, items, meta)
 
@@ -110,19 +111,19 @@ def check_shards(metas: list[tuple[Path, dict]]) -> None:
         for key in same:
             if meta.get(key) != first.get(key):
                 what = "the dataset's manifest.jsonl (its sha256)" if key == "dataset_sha256" else key
-                raise ValueError(
+                raise BadInput(
                     f"shards differ in {what}: {first_path} has {first.get(key)!r}, {path} has {meta.get(key)!r}"
                 )
     seen: dict[int, Path] = {}
     for path, meta in metas:
         if meta["shard"] in seen:
-            raise ValueError(f"shard {meta['shard']}/{meta['shards']} given twice: {seen[meta['shard']]} and {path}")
+            raise BadInput(f"shard {meta['shard']}/{meta['shards']} given twice: {seen[meta['shard']]} and {path}")
         seen[meta["shard"]] = path
     count = first["shards"]
     missing = sorted(set(range(count)) - set(seen))
     if missing:
         names = ", ".join(f"{i}/{count}" for i in missing)
-        raise ValueError(f"missing shard(s) {names} of the {first['total']} rows")
+        raise BadInput(f"missing shard(s) {names} of the {first['total']} rows")
 
 
 def merge_shards(
@@ -142,9 +143,9 @@ def merge_shards(
     target = Path(out).resolve()
     for shard_dir in shard_dirs:
         if Path(shard_dir).resolve() == target:
-            raise ValueError(f"--out {out} is one of the shards being merged; write the index elsewhere")
+            raise BadInput(f"--out {out} is one of the shards being merged; write the index elsewhere")
     if (target / SHARD_FILE).exists():
-        raise ValueError(f"--out {out} is a shard dir; write the merged index to a new dir")
+        raise BadInput(f"--out {out} is a shard dir; write the merged index to a new dir")
     refuse_own_input(out, {f"shard dir #{number}": path for number, path in enumerate(shard_dirs, start=1)})
     with write_lock(out):
         check_replaceable(out, "index", force)

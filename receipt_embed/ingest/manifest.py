@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from receipt_embed.errors import BadInput
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
 
 REQUIRED_COLUMNS = ("path", "receipt_id", "device")
@@ -36,7 +37,7 @@ MAX_MANIFEST_BYTES = DEFAULT_MAX_BYTES
 MANIFEST_NAMES = ("manifest.csv", "manifest.jsonl")
 
 
-class ManifestError(ValueError):
+class ManifestError(BadInput):
     """The manifest file cannot be read; the message names the file and line."""
 
 

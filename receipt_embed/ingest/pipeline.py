@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from receipt_embed.config import IngestConfig, load_config
 from receipt_embed.display import printable
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl
 from receipt_embed.images import ImageRejected, decode_image
 from receipt_embed.ingest.duplicates import resolve_duplicates
@@ -341,7 +342,7 @@ def _refuse_captures_inside(out_dir, rows: list[dict]) -> None:
     prefix = str(target).rstrip(os.sep) + os.sep
     inside = next((row for row in rows if row["path"].startswith(prefix)), None)
     if inside is not None:
-        raise ValueError(
+        raise BadInput(
             f"--out {out_dir} holds the capture {inside['path']} (line {inside['line']}) this command "
             "reads; writing there would destroy its own input: choose another --out"
         )

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from receipt_embed.errors import BadInput
 from receipt_embed.losses.engine import DEFAULT_TILE, EngineInfo, autocast_off, masked_logsumexp
 
 LOW_TEMPERATURE = 0.05
@@ -24,10 +25,10 @@ _EPS = 1e-12
 def check_temperature(temperature) -> float:
     """Return ``temperature`` as a float; error unless > 0, warn below 0.05."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+        raise BadInput(f"temperature must be a number > 0, got {temperature!r}")
     value = float(temperature)
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"temperature must be > 0, got {value}")
+        raise BadInput(f"temperature must be > 0, got {value}")
     if value < LOW_TEMPERATURE:
         warnings.warn(
             f"temperature {value} is below {LOW_TEMPERATURE}: logits span +-{1 / value:.0f}, so "
@@ -44,16 +45,16 @@ def check_embeddings(embeddings, name: str = "embeddings") -> torch.Tensor:
     if not torch.is_tensor(embeddings):
         raise TypeError(f"{name} must be a torch.Tensor of shape (N, d), got {type(embeddings).__name__}")
     if embeddings.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, d), got shape {tuple(embeddings.shape)}")
+        raise BadInput(f"{name} must have shape (N, d), got shape {tuple(embeddings.shape)}")
     if not embeddings.is_floating_point():
-        raise ValueError(f"{name} must be floating point, got {embeddings.dtype}")
+        raise BadInput(f"{name} must be floating point, got {embeddings.dtype}")
     if embeddings.shape[0] == 0 or embeddings.shape[1] == 0:
-        raise ValueError(f"{name} is empty: shape {tuple(embeddings.shape)}")
+        raise BadInput(f"{name} is empty: shape {tuple(embeddings.shape)}")
     finite = torch.isfinite(embeddings.detach())
     if not bool(finite.all()):
         bad_rows = torch.nonzero(~finite.all(dim=1)).flatten()
         kind = "NaN" if bool(torch.isnan(embeddings.detach()).any()) else "infinite values"
-        raise ValueError(
+        raise BadInput(
             f"{name} contain {kind} in {bad_rows.numel()} of {embeddings.shape[0]} rows "
             f"(first rows: {bad_rows[:5].tolist()}); check the encoder for divergence"
         )
@@ -65,11 +66,11 @@ def check_labels(labels, n: int, device, name: str = "labels") -> torch.Tensor:
     if not torch.is_tensor(labels):
         raise TypeError(f"{name} must be a torch.Tensor of integer identities, got {type(labels).__name__}")
     if labels.dim() != 1:
-        raise ValueError(f"{name} must have shape (N,), got shape {tuple(labels.shape)}")
+        raise BadInput(f"{name} must have shape (N,), got shape {tuple(labels.shape)}")
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise ValueError(f"{name} must be integer identities, got dtype {labels.dtype}")
+        raise BadInput(f"{name} must be integer identities, got dtype {labels.dtype}")
     if labels.shape[0] != n:
-        raise ValueError(
+        raise BadInput(
             f"{name} has length {labels.shape[0]} but the embeddings have {n} rows; one identity label per row"
         )
     return labels.to(device=device, dtype=torch.long)
@@ -79,7 +80,7 @@ def check_two_view(labels: torch.Tensor, loss_name: str) -> int:
     """Check rows are [first views of B identities; second views]; return B."""
     n = labels.shape[0]
     if n % 2 or n < 2:
-        raise ValueError(
+        raise BadInput(
             f"{loss_name} is a two-view loss: it needs 2B rows laid out as [first views of B "
             f"identities; second views], got {n} rows"
         )
@@ -87,7 +88,7 @@ def check_two_view(labels: torch.Tensor, loss_name: str) -> int:
     differ = torch.nonzero(labels[:b] != labels[b:]).flatten()
     if differ.numel():
         i = int(differ[0])
-        raise ValueError(
+        raise BadInput(
             f"{loss_name} is a two-view loss: row i and row i + B must be two views of one "
             f"identity, but labels differ at {differ.numel()} of {b} rows (first: row {i} has "
             f"label {int(labels[i])}, row {i + b} has {int(labels[i + b])}); for P x K batches "
@@ -135,9 +136,9 @@ class ContrastiveLoss(nn.Module):
         super().__init__()
         self.temperature = check_temperature(temperature)
         if not isinstance(tile_size, int) or isinstance(tile_size, bool) or tile_size < 1:
-            raise ValueError(f"tile_size must be a positive integer, got {tile_size!r}")
+            raise BadInput(f"tile_size must be a positive integer, got {tile_size!r}")
         if path not in ("auto", "dense", "tiled", "tiled-general"):
-            raise ValueError(f"path must be one of auto, dense, tiled, tiled-general; got {path!r}")
+            raise BadInput(f"path must be one of auto, dense, tiled, tiled-general; got {path!r}")
         self.tile_size = tile_size
         self.path = path
         self.last_stats: dict = {}
@@ -159,7 +160,7 @@ class TwoViewLoss(ContrastiveLoss):
     def __init__(self, temperature=0.1, duplicates: str = "mask", tile_size=DEFAULT_TILE, path="auto"):
         super().__init__(temperature, tile_size, path)
         if duplicates not in ("mask", "error"):
-            raise ValueError(f"duplicates must be 'mask' or 'error', got {duplicates!r}")
+            raise BadInput(f"duplicates must be 'mask' or 'error', got {duplicates!r}")
         self.duplicates = duplicates
 
     def extra_repr(self) -> str:
@@ -178,7 +179,7 @@ class TwoViewLoss(ContrastiveLoss):
         same = identity_counts(labels)
         repeated = torch.unique(labels[same > 2])
         if repeated.numel() and self.duplicates == "error":
-            raise ValueError(
+            raise BadInput(
                 f"{self.name}: {repeated.numel()} identities appear in more than one two-view slot "
                 f"of this batch (labels {repeated[:10].tolist()}); their extra captures would be "
                 "negatives. Use a sampler with unique identities per batch, duplicates='mask', "

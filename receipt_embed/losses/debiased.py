@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from receipt_embed.errors import BadInput
 from receipt_embed.losses._common import TwoViewLoss, float32_logits
 from receipt_embed.losses.engine import DEFAULT_TILE
 
@@ -13,9 +14,9 @@ def check_tau_plus(tau_plus) -> float:
     try:
         value = float(tau_plus)
     except (TypeError, ValueError):
-        raise ValueError(f"tau_plus must be a number in [0, 1), got {tau_plus!r}") from None
+        raise BadInput(f"tau_plus must be a number in [0, 1), got {tau_plus!r}") from None
     if not 0.0 <= value < 1.0:
-        raise ValueError(f"tau_plus (class prior of false negatives) must be in [0, 1), got {tau_plus}")
+        raise BadInput(f"tau_plus (class prior of false negatives) must be in [0, 1), got {tau_plus}")
     return value
 
 

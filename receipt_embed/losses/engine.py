@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
+from receipt_embed.errors import BadInput
+
 __all__ = ["masked_logsumexp", "EngineInfo", "autocast_off", "DEFAULT_TILE", "DENSE_MAX_ELEMENTS"]
 
 DEFAULT_TILE = 1024
@@ -99,16 +101,16 @@ def masked_logsumexp(
         keys, key_labels = queries, query_labels
     scales = tuple(float(s) for s in scales)
     if not scales or any(not (s > 0 and math.isfinite(s)) for s in scales):
-        raise ValueError(f"scales must be positive and finite, got {scales}")
+        raise BadInput(f"scales must be positive and finite, got {scales}")
     if tile_size < 1:
-        raise ValueError(f"tile_size must be >= 1, got {tile_size}")
+        raise BadInput(f"tile_size must be >= 1, got {tile_size}")
     if path not in ("auto", "dense", "tiled", "tiled-general"):
-        raise ValueError(f"path must be auto, dense, tiled or tiled-general, got {path!r}")
+        raise BadInput(f"path must be auto, dense, tiled or tiled-general, got {path!r}")
     if masking not in ("auto", "pairs", "compare"):
-        raise ValueError(f"masking must be auto, pairs or compare, got {masking!r}")
+        raise BadInput(f"masking must be auto, pairs or compare, got {masking!r}")
 
     if queries.dtype not in (torch.float32, torch.float64) or keys.dtype != queries.dtype:
-        raise ValueError(f"queries and keys must share dtype float32 or float64, got {queries.dtype}, {keys.dtype}")
+        raise BadInput(f"queries and keys must share dtype float32 or float64, got {queries.dtype}, {keys.dtype}")
     with autocast_off(queries.device.type):
         return _masked_lse(queries, keys, query_labels, key_labels, scales, symmetric, tile_size, path, masking)
 

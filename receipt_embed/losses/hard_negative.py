@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from receipt_embed.errors import BadInput
 from receipt_embed.losses._common import TwoViewLoss, float32_logits
 from receipt_embed.losses.debiased import check_tau_plus, debiased_from_logs
 from receipt_embed.losses.engine import DEFAULT_TILE
@@ -53,7 +54,7 @@ class HardNegativeLoss(TwoViewLoss):
         super().__init__(temperature, duplicates, tile_size, path)
         beta = float(beta)
         if not (beta >= 0 and math.isfinite(beta)):
-            raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+            raise BadInput(f"beta must be a finite number >= 0, got {beta}")
         self.beta = beta
         self.tau_plus = check_tau_plus(tau_plus)
 

@@ -8,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from receipt_embed.errors import BadInput
 from receipt_embed.losses._common import (
     ContrastiveLoss,
     check_embeddings,
@@ -97,11 +98,11 @@ class MoCoLoss(ContrastiveLoss):
         super().__init__(temperature, tile_size, path)
         for name, value, low in (("queue_size", queue_size, 0), ("dim", dim, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+                raise BadInput(f"{name} must be an integer >= {low}, got {value!r}")
         if queue_size == 0 and not in_batch_negatives:
-            raise ValueError("moco needs negatives: set queue_size > 0 or in_batch_negatives=True")
+            raise BadInput("moco needs negatives: set queue_size > 0 or in_batch_negatives=True")
         if queue_init not in ("random", "empty"):
-            raise ValueError(f"queue_init must be 'random' or 'empty', got {queue_init!r}")
+            raise BadInput(f"queue_init must be 'random' or 'empty', got {queue_init!r}")
         self.in_batch_negatives = bool(in_batch_negatives)
         random_start = queue_init == "random"
         queue = (
@@ -130,9 +131,9 @@ class MoCoLoss(ContrastiveLoss):
         n, d = queries.shape
         labels = check_labels(labels, n, queries.device)
         if bool((labels == NO_IDENTITY).any()):
-            raise ValueError(f"label {NO_IDENTITY} is reserved for the random keys of a fresh queue")
+            raise BadInput(f"label {NO_IDENTITY} is reserved for the random keys of a fresh queue")
         if d != self.queue.shape[1]:
-            raise ValueError(f"moco was built with dim={self.queue.shape[1]} but the queries have {d} columns")
+            raise BadInput(f"moco was built with dim={self.queue.shape[1]} but the queries have {d} columns")
         if keys is None:
             b = check_two_view(labels, "moco (called without keys)")
             keys = queries.roll(b, dims=0).detach()
@@ -140,7 +141,7 @@ class MoCoLoss(ContrastiveLoss):
         else:
             check_embeddings(keys, "keys")
             if keys.shape != queries.shape:
-                raise ValueError(
+                raise BadInput(
                     f"keys must match queries row for row (key i is the positive of query i): "
                     f"queries {tuple(queries.shape)}, keys {tuple(keys.shape)}"
                 )
@@ -211,16 +212,16 @@ def momentum_update(online: nn.Module, momentum_model: nn.Module, m: float) -> N
     """
     m = float(m)
     if not (0.0 <= m <= 1.0 and math.isfinite(m)):
-        raise ValueError(f"momentum m must be in [0, 1], got {m}")
+        raise BadInput(f"momentum m must be in [0, 1], got {m}")
     online_params = list(online.parameters())
     key_params = list(momentum_model.parameters())
     if len(online_params) != len(key_params):
-        raise ValueError(
+        raise BadInput(
             f"momentum_update: the models differ: {len(online_params)} vs {len(key_params)} parameter tensors"
         )
     for i, (p_q, p_k) in enumerate(zip(online_params, key_params)):
         if p_q.shape != p_k.shape:
-            raise ValueError(f"momentum_update: parameter {i} has shape {tuple(p_q.shape)} vs {tuple(p_k.shape)}")
+            raise BadInput(f"momentum_update: parameter {i} has shape {tuple(p_q.shape)} vs {tuple(p_k.shape)}")
         p_k.mul_(m).add_(p_q.detach(), alpha=1.0 - m)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from receipt_embed.errors import BadInput
 from receipt_embed.losses._common import ContrastiveLoss, check_embeddings, check_labels, float32_logits, normalize
 from receipt_embed.losses.engine import DEFAULT_TILE
 
@@ -59,7 +60,7 @@ class SupConLoss(ContrastiveLoss):
         has_pos = n_pos > 0
         n_anchors = int(has_pos.sum())
         if n_anchors == 0:
-            raise ValueError(
+            raise BadInput(
                 f"supcon: no anchor in this batch of {n} has a positive (every identity appears "
                 "once); sample P identities x K >= 2 captures each"
             )

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from receipt_embed.errors import BadInput
+
 
 class ProjectionHead(nn.Module):
     """Two-layer MLP (Linear-BN-ReLU-Linear), as in SimCLR."""
@@ -42,7 +44,7 @@ class Embedder(nn.Module):
         if not hasattr(encoder, "feature_dim"):
             raise TypeError(f"encoder {type(encoder).__name__} must expose feature_dim")
         if input_norm not in ("fixed", "per_image"):
-            raise ValueError(f"input_norm must be 'fixed' or 'per_image', got {input_norm!r}")
+            raise BadInput(f"input_norm must be 'fixed' or 'per_image', got {input_norm!r}")
         self.encoder = encoder
         self.head = ProjectionHead(encoder.feature_dim, head_hidden, head_dim)
         self.input_norm = input_norm

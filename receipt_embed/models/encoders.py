@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from receipt_embed.errors import BadInput
+
 # architecture -> (torchvision builder name, attribute path of the feature trunk)
 ARCHITECTURES: dict[str, str] = {
     "resnet18": "resnet",
@@ -44,7 +46,7 @@ def _first_conv(trunk: nn.Module) -> tuple[nn.Module, str, nn.Conv2d]:
         if isinstance(module, nn.Conv2d):
             parent_name, _, attr = name.rpartition(".")
             return trunk.get_submodule(parent_name) if parent_name else trunk, attr, module
-    raise ValueError("backbone has no convolution")
+    raise BadInput("backbone has no convolution")
 
 
 def _to_grayscale_input(trunk: nn.Module) -> None:
@@ -80,7 +82,7 @@ def read_weights_file(path: Path) -> dict:
     except UnusableFile as exc:
         if exc.reason == "missing_file":
             raise FileNotFoundError(f"pretrained weights file not found: {path}") from None
-        raise ValueError(f"pretrained weights file {exc}") from None
+        raise BadInput(f"pretrained weights file {exc}") from None
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except (
@@ -96,11 +98,11 @@ def read_weights_file(path: Path) -> dict:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if first.startswith("Weights only load failed"):
             first = "it holds objects other than tensors, which a safe load refuses"
-        raise ValueError(
+        raise BadInput(
             f"pretrained weights file {path} is not a torch state dict saved with torch.save ({first[:160]})"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"pretrained weights file {path} holds {type(state).__name__}, not a state dict of tensors")
+        raise BadInput(f"pretrained weights file {path} holds {type(state).__name__}, not a state dict of tensors")
     return state
 
 
@@ -113,7 +115,7 @@ def _load_weights(model: nn.Module, arch: str, pretrained: str | None) -> None:
         state = read_weights_file(path)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or len(missing) == len(model.state_dict()):
-            raise ValueError(
+            raise BadInput(
                 f"weights file {path} does not fit {arch}: {len(missing)} missing and {len(unexpected)} unexpected keys"
             )
         return
@@ -142,11 +144,11 @@ class TorchvisionEncoder(nn.Module):
     ):
         super().__init__()
         if arch not in ARCHITECTURES:
-            raise ValueError(f"unknown torchvision architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+            raise BadInput(f"unknown torchvision architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
         if in_channels not in (1, 3):
-            raise ValueError(f"in_channels must be 1 (grayscale) or 3 (RGB), got {in_channels}")
+            raise BadInput(f"in_channels must be 1 (grayscale) or 3 (RGB), got {in_channels}")
         if pooling not in ("gap", "grid"):
-            raise ValueError(f"pooling must be 'gap' or 'grid', got {pooling!r}")
+            raise BadInput(f"pooling must be 'gap' or 'grid', got {pooling!r}")
         import torchvision
 
         model = torchvision.models.get_model(arch, weights=None)

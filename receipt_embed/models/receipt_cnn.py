@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from receipt_embed.errors import BadInput
+
 
 def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
@@ -42,7 +44,7 @@ class ReceiptCNN(nn.Module):
                 )
             state = read_weights_file(Path(pretrained))  # a text file or a .npy is one line naming it
         if pooling not in ("gap", "grid"):
-            raise ValueError(f"pooling must be 'gap' or 'grid', got {pooling!r}")
+            raise BadInput(f"pooling must be 'gap' or 'grid', got {pooling!r}")
         layers, cin = [], in_channels
         for i, width in enumerate(widths):
             layers.append(_conv(cin, width, 2))
@@ -58,7 +60,7 @@ class ReceiptCNN(nn.Module):
                 self.load_state_dict(state)
             except RuntimeError as exc:
                 first = str(exc).strip().splitlines()[0]
-                raise ValueError(
+                raise BadInput(
                     f"pretrained weights file {pretrained} does not fit receipt_cnn: {first[:200]}"
                 ) from None
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from receipt_embed.errors import BadInput
+
 
 def smooth_noise(shape: tuple[int, int], cells: int, rng: np.random.Generator) -> np.ndarray:
     """Low-frequency noise in -1..1: a coarse random grid upsampled bilinearly to ``shape``."""
@@ -43,5 +45,5 @@ def make_background(
     elif style == "platen":
         shade = 1 + 0.05 * smooth_noise(shape, 3, rng) + 0.03 * grain
     else:
-        raise ValueError(f"unknown background style {style!r}")
+        raise BadInput(f"unknown background style {style!r}")
     return np.clip(shade[..., None] * np.asarray(rgb, dtype=np.float32), 0, 255)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from receipt_embed.errors import BadInput
+
 
 @dataclass(frozen=True)
 class DeviceProfile:
@@ -221,5 +223,5 @@ DEVICES: tuple[DeviceProfile, ...] = (
 def select_devices(count: int) -> tuple[DeviceProfile, ...]:
     """The first ``count`` profiles of :data:`DEVICES`, so a larger set extends a smaller one."""
     if not 1 <= count <= len(DEVICES):
-        raise ValueError(f"devices must be between 1 and {len(DEVICES)}, got {count}")
+        raise BadInput(f"devices must be between 1 and {len(DEVICES)}, got {count}")
     return DEVICES[:count]

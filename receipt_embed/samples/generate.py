@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
+from receipt_embed.errors import BadInput
 from receipt_embed.samples.capture import capture_jpeg
 from receipt_embed.samples.devices import DeviceProfile, select_devices
 from receipt_embed.samples.receipts import make_receipt
@@ -44,7 +45,7 @@ def make_samples(
     ``progress`` is called with 1 after each capture written. Returns the manifest path.
     """
     if receipts < 1:
-        raise ValueError(f"receipts must be at least 1, got {receipts}")
+        raise BadInput(f"receipts must be at least 1, got {receipts}")
     profiles = select_devices(devices)
 
     def sources() -> Iterator[tuple[str, str, Image.Image]]:
@@ -65,10 +66,10 @@ def capture_scans(
     """
     paths = [Path(p) for p in scan_paths]
     if not paths:
-        raise ValueError("no scans given")
+        raise BadInput("no scans given")
     repeated = sorted(stem for stem, n in Counter(p.stem for p in paths).items() if n > 1)
     if repeated:
-        raise ValueError(f"scan file names must have unique stems (they become receipt ids): {repeated}")
+        raise BadInput(f"scan file names must have unique stems (they become receipt ids): {repeated}")
     profiles = select_devices(devices)
     sources = ((path.stem, "", _load_scan(path)) for path in paths)
     return _write_set(Path(out_dir), sources, profiles, seed, progress)
@@ -84,7 +85,7 @@ def _load_scan(path: Path) -> Image.Image:
         with Image.open(path) as image:
             return ImageOps.exif_transpose(image)  # a loaded copy, upright
     except (OSError, Image.DecompressionBombError) as err:
-        raise ValueError(f"cannot read scan {path}: {err}") from err
+        raise BadInput(f"cannot read scan {path}: {err}") from err
 
 
 def _write_set(

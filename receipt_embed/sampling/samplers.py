@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from receipt_embed.errors import BadInput
+
 TAIL_POLICIES = ("fill", "drop")
 
 
@@ -52,13 +54,13 @@ class _IdentityBatches:
 
     def __init__(self, labels: Sequence[int], batch_size: int, seed: int, tail: str = "fill"):
         if tail not in TAIL_POLICIES:
-            raise ValueError(f"tail must be one of {', '.join(TAIL_POLICIES)}, got {tail!r}")
+            raise BadInput(f"tail must be one of {', '.join(TAIL_POLICIES)}, got {tail!r}")
         self.groups = _group(labels)
         self.identities = sorted(self.groups)
         if batch_size < 2:
-            raise ValueError(f"batch_size must be at least 2 identities, got {batch_size}")
+            raise BadInput(f"batch_size must be at least 2 identities, got {batch_size}")
         if len(self.identities) < batch_size:
-            raise ValueError(
+            raise BadInput(
                 f"batch_size {batch_size} needs at least {batch_size} identities, the data has {len(self.identities)}"
             )
         self.batch_size, self.seed, self.tail = batch_size, seed, tail
@@ -113,7 +115,7 @@ class PKSampler(_IdentityBatches):
     def __init__(self, labels: Sequence[int], batch_size: int, seed: int, k: int = 4, tail: str = "fill"):
         super().__init__(labels, batch_size, seed, tail)
         if k < 2:
-            raise ValueError(f"k must be at least 2 views per identity, got {k}")
+            raise BadInput(f"k must be at least 2 views per identity, got {k}")
         self.k = k
 
     def __iter__(self) -> Iterator[list[int]]:

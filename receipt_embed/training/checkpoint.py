@@ -12,13 +12,14 @@ from pathlib import Path
 
 import torch
 
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_open
 from receipt_embed.userfiles import UnusableFile, open_regular
 
 FORMAT_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(BadInput, RuntimeError):
     """A checkpoint is missing, corrupt, or from another architecture or config."""
 
 

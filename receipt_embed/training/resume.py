@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from receipt_embed.errors import BadInput
 from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
 from receipt_embed.training.rundir import DATA_FILE, LAST, check_run_out, refuse_dataset_inside
 
@@ -122,7 +123,7 @@ def open_run(run_dir, resume: bool, force: bool, world_size: int, config_dict: d
 def check_batch_splits(batch_size: int, world_size: int) -> None:
     """Every process gets the same share of a global batch."""
     if batch_size % world_size:
-        raise ValueError(
+        raise BadInput(
             f"train.batch_size {batch_size} does not split over {world_size} processes; use a multiple of {world_size}"
         )
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from receipt_embed.errors import BadInput
+
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 DATA_FILE = "data.json"  # the dataset dir a run trains on, and its manifest's sha256
@@ -98,8 +100,8 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
     if is_sweep_dir(run_dir) if sweep else is_run_dir(run_dir):
         return
     if Path(run_dir).is_dir() and not Path(run_dir).is_symlink():
-        raise ValueError(f"{run_dir} {FOREIGN}")
-    raise ValueError(
+        raise BadInput(f"{run_dir} {FOREIGN}")
+    raise BadInput(
         f"{run_dir} is not a folder (a file or a link), not a run dir; it is never replaced or written "
         "into (not even with --force): choose another --out"
     )
@@ -151,7 +153,7 @@ def refuse_dataset_inside(out: str | os.PathLike, data_dir: str | os.PathLike | 
             what = ("is" if resolved == target else "holds") + (
                 f" the {role} {data_dir}" if source == Path(data_dir) else f" {source}, read by the {role} {data_dir}"
             )
-            raise ValueError(f"--out {out} {what}; training there would destroy its own input: choose another --out")
+            raise BadInput(f"--out {out} {what}; training there would destroy its own input: choose another --out")
 
 
 def refuse_other_kinds(run_dir, data_dir=None) -> None:
@@ -161,6 +163,6 @@ def refuse_other_kinds(run_dir, data_dir=None) -> None:
 
     kind = dir_kind(run_dir)
     if kind in ("dataset", "index", "shard", "audit"):
-        raise ValueError(f"{run_dir} holds {WHAT[kind]}, not a run; train into another --out")
+        raise BadInput(f"{run_dir} holds {WHAT[kind]}, not a run; train into another --out")
     check_run_out(run_dir)
     refuse_dataset_inside(run_dir, data_dir)

@@ -10,6 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
+from receipt_embed.errors import BadInput
 from receipt_embed.registry import plugin_errors
 from receipt_embed.training.components import check_loss_value
 from receipt_embed.training.rundir import LAST
@@ -75,7 +76,7 @@ class TrainingStep:
 
         half = len(views) // 2
         if len(views) % 2 or not torch.equal(labels, labels.roll(half)):
-            raise ValueError(f"loss {self.config.loss.name!r} needs two-view batches; use sampler unique_identity")
+            raise BadInput(f"loss {self.config.loss.name!r} needs two-view batches; use sampler unique_identity")
         momentum_update(self.model, self.key_model, self.config.train.momentum)
         self.key_model.train()
         _, keys = self.key_model(views)

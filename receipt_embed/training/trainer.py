@@ -29,6 +29,7 @@ from receipt_embed.config import Config, save_config
 from receipt_embed.data.cache import cache_size
 from receipt_embed.data.dataset_dir import cache_captures, load_dataset_dir, select_split
 from receipt_embed.distributed import RankBatches, any_rank, init_from_env
+from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
 from receipt_embed.fileio import append_line, atomic_write_json
 from receipt_embed.training.checkpoint import save_checkpoint
@@ -122,7 +123,7 @@ class Trainer(TrainingStep):
         self.train_set = select_split(rows, "train")
         self.val_set = select_split(rows, "val")
         if len(self.train_set.identities) < 2:
-            raise ValueError(
+            raise BadInput(
                 f"{data_dir} has {len(self.train_set.identities)} training identities; at least 2 are needed"
             )
         size = cache_size(tuple(self.config.data.image_size), self.config.train.cache_margin)

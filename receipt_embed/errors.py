@@ -1,0 +1,15 @@
+"""The one base class of "bad input" errors.
+
+Everything a user hands over (a file, a manifest row, a config value, a plugin, an output
+dir) that cannot be used raises a :class:`BadInput` naming what and where; the command line
+prints that one line and exits 2. Every other exception that reaches the command line is a
+bug, in receipt-embed or in a plugin, and reads as one: exit 1, a short message, and a hint
+to rerun with ``--debug`` for the traceback. ``BadInput`` is a ``ValueError``, so library
+callers that catch ``ValueError`` keep working.
+"""
+
+from __future__ import annotations
+
+
+class BadInput(ValueError):
+    """Something handed over cannot be used; the message says what and where (exit code 2)."""

@@ -27,7 +27,8 @@ class ConfigError(BadInput):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
+    # frozen: a validated config is never changed in place; config_with() makes a changed copy
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
 
 class DataConfig(_Section):
@@ -181,13 +182,8 @@ def _load_yaml(path: Path) -> dict:
     return data
 
 
-def load_config(config_file: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Merge defaults, optional user file(s) (later ones win) and ``key.path=value``
-    overrides; validate."""
-    layers = [OmegaConf.create(_load_yaml(Path(str(DEFAULT_CONFIG))))]
-    files = [] if config_file is None else [config_file] if isinstance(config_file, (str, Path)) else list(config_file)
-    for path in files:
-        layers.append(OmegaConf.create(_load_yaml(Path(path))))
+def _parse_overrides(overrides: Sequence[str]) -> list:
+    layers = []
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise ConfigError(f"--set expects key.path=value, got {item!r}")
@@ -196,6 +192,10 @@ def load_config(config_file: str | Path | Sequence[str | Path] | None = None, ov
         except (OmegaConfBaseException, yaml.YAMLError) as exc:
             first_line = str(exc).strip().splitlines()[0]
             raise ConfigError(f"cannot parse --set {item!r}: {first_line}") from None
+    return layers
+
+
+def _validate(layers: list) -> Config:
     try:
         merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
     except OmegaConfBaseException as exc:
@@ -204,6 +204,26 @@ def load_config(config_file: str | Path | Sequence[str | Path] | None = None, ov
         return Config.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError("; ".join(_explain(e) for e in exc.errors())) from None
+
+
+def config_with(config: Config, overrides: Sequence[str] = (), values: dict | None = None) -> Config:
+    """A validated copy of ``config`` with ``key.path=value`` overrides (parsed as ``--set``
+    parses them) and then ``values`` (a nested dict taken as it is, e.g. a path) applied."""
+    layers = [OmegaConf.create(config.model_dump(mode="json")), *_parse_overrides(overrides)]
+    if values:
+        layers.append(OmegaConf.create(values))
+    return _validate(layers)
+
+
+def load_config(config_file: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Merge defaults, optional user file(s) (later ones win) and ``key.path=value``
+    overrides; validate."""
+    layers = [OmegaConf.create(_load_yaml(Path(str(DEFAULT_CONFIG))))]
+    files = [] if config_file is None else [config_file] if isinstance(config_file, (str, Path)) else list(config_file)
+    for path in files:
+        layers.append(OmegaConf.create(_load_yaml(Path(path))))
+    layers.extend(_parse_overrides(overrides))
+    return _validate(layers)
 
 
 def config_to_yaml(config: Config) -> str:

@@ -25,7 +25,8 @@ import pluggy
 
 from receipt_embed import hookspecs
 from receipt_embed.errors import BadInput
-from receipt_embed.registry import KINDS, ComponentClash, PluginInfo, Registry
+from receipt_embed.kinds import KINDS
+from receipt_embed.registry import ComponentClash, PluginInfo, Registry
 
 ENTRY_POINT_GROUP = "receipt_embed"
 DISABLE_ENV = "RECEIPT_EMBED_DISABLE_PLUGINS"
@@ -127,14 +128,14 @@ class PluginLoader:
             if marked and attr not in specs:
                 close = difflib.get_close_matches(attr, sorted(specs), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise BadInput(
+                raise ValueError(
                     f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
                 )
             if marked and attr in specs:
                 options = getattr(value, f"{hookspecs.PROJECT_NAME}_impl") or {}
                 if options.get("wrapper") or options.get("hookwrapper"):
                     flag = "wrapper=True" if options.get("wrapper") else "hookwrapper=True"
-                    raise BadInput(
+                    raise ValueError(
                         f"{attr}() is a hook wrapper ({flag}); receipt-embed calls each plugin's hooks on their own "
                         "(so one failing plugin cannot stop the others), which would skip a wrapper's body: "
                         "use a plain @hookimpl"
@@ -147,7 +148,7 @@ class PluginLoader:
                     and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
                 ]
                 if wrong:
-                    raise BadInput(
+                    raise ValueError(
                         f"{attr}() takes arguments named {', '.join(wrong)}; the hook offers "
                         f"{', '.join(allowed)} (use those names, any subset)"
                     )
@@ -235,8 +236,8 @@ class PluginLoader:
 
     def collect_components(self) -> None:
         """Call every plugin's register hooks with a callback bound to that plugin."""
-        for kind, hook_name in KINDS.items():
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+        for kind, spec in KINDS.items():
+            for impl in getattr(self.pm.hook, spec.hook).get_hookimpls():
                 plugin = impl.plugin_name
                 if plugin in self.registry.failures:
                     continue

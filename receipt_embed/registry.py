@@ -16,46 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from receipt_embed.errors import BadInput
+from receipt_embed.kinds import KINDS as COMPONENT_KINDS
 
-# component kind -> the hook that registers it
-KINDS: dict[str, str] = {
-    "loss": "register_losses",
-    "encoder": "register_encoders",
-    "augmentation": "register_augmentations",
-    "sampler": "register_samplers",
-    "audit_check": "register_audit_checks",
-}
-
-
-# the arguments receipt-embed itself passes to each kind's factory (params may not set them)
-FRAMEWORK_ARGUMENTS: dict[str, tuple[str, ...]] = {
-    "loss": ("temperature",),
-    "encoder": ("pretrained", "in_channels", "pooling", "grid"),
-    "augmentation": ("image_size",),
-    "sampler": ("identities", "batch_size", "seed", "metadata"),
-    "audit_check": (),
-}
-# the config key a user sets instead of each framework argument, for messages
-FRAMEWORK_KEYS = {
-    "temperature": "loss.temperature",
-    "image_size": "data.image_size",
-    "batch_size": "train.batch_size",
-    "seed": "train.seed",
-    "in_channels": "data.grayscale",
-    "pretrained": "model.pretrained",
-    "pooling": "model.pooling",
-    "grid": "model.grid",
-    "identities": "the dataset",
-    "metadata": "the manifest",
-}
-# where the user sets each kind's params, for messages
-PARAMS_KEY = {
-    "loss": "loss.params",
-    "encoder": "model.params",
-    "augmentation": "augment.params",
-    "sampler": "sampler.params",
-    "audit_check": "--check-set",
-}
+# what each kind is (its hook, config keys, framework arguments): receipt_embed/kinds.py
+KINDS = {name: spec.hook for name, spec in COMPONENT_KINDS.items()}  # kind -> the hook that registers it
 
 
 class ComponentError(BadInput):
@@ -98,6 +62,10 @@ def plugin_errors(registry: Registry, kind: str, name: str, doing: str):
         ) from exc
 
 
+def _params_key(kind: str) -> str:
+    return COMPONENT_KINDS[kind].params_key if kind in COMPONENT_KINDS else "params"
+
+
 def _parameter_hint(factory, params: dict, kind: str) -> str:
     """'; it accepts a, b (did you mean 'margin'?)' for a parameter the factory lacks."""
     try:
@@ -106,7 +74,7 @@ def _parameter_hint(factory, params: dict, kind: str) -> str:
         return ""
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return ""
-    reserved = FRAMEWORK_ARGUMENTS.get(kind, ())
+    reserved = COMPONENT_KINDS[kind].framework_names if kind in COMPONENT_KINDS else ()
     missing = [key for key in params if key in reserved and key not in parameters]
     if missing:
         return (
@@ -117,7 +85,7 @@ def _parameter_hint(factory, params: dict, kind: str) -> str:
         n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n not in reserved
     ]
     unknown = [key for key in params if key not in parameters]
-    hint = f"; its {PARAMS_KEY.get(kind, 'params')} may set {', '.join(accepted) or 'nothing'}"
+    hint = f"; its {_params_key(kind)} may set {', '.join(accepted) or 'nothing'}"
     for key in unknown:
         close = difflib.get_close_matches(key, accepted, n=1)
         if close:
@@ -219,12 +187,14 @@ class Registry:
     def create_with(self, kind: str, name: str, framework: dict[str, Any], params: dict[str, Any]) -> Any:
         """``create`` with the arguments receipt-embed passes itself plus the user's params;
         a param that would override one of ours is an error saying which key to set instead."""
-        clash = sorted(set(params) & (set(framework) | set(FRAMEWORK_ARGUMENTS.get(kind, ()))))
+        spec = COMPONENT_KINDS.get(kind)
+        ours = {argument.name: argument.set_by for argument in spec.framework} if spec else {}
+        clash = sorted(set(params) & (set(framework) | set(ours)))
         if clash:
-            instead = "; ".join(f"{key} comes from {FRAMEWORK_KEYS[key]}" for key in clash if key in FRAMEWORK_KEYS)
+            instead = "; ".join(f"{key} comes from {ours[key]}" for key in clash if key in ours)
             raise ComponentError(
-                f"{PARAMS_KEY.get(kind, 'params')} sets {', '.join(map(repr, clash))}, which receipt-embed "
-                f"passes to {kind} {name!r} itself; remove it from {PARAMS_KEY.get(kind, 'params')}"
+                f"{_params_key(kind)} sets {', '.join(map(repr, clash))}, which receipt-embed "
+                f"passes to {kind} {name!r} itself; remove it from {_params_key(kind)}"
                 + (f" ({instead})" if instead else "")
             )
         return self.create(kind, name, **framework, **params)

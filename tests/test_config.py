@@ -24,10 +24,13 @@ REQUIRED_KEYS = [
 ]
 
 
-def test_top_level_default_is_the_packaged_default():
-    top = REPO / "configs" / "default.yaml"
-    packaged = REPO / "receipt_embed" / "configs" / "default.yaml"
-    assert top.read_text() == packaged.read_text()
+def test_the_packaged_defaults_are_kept_once_and_shown_at_the_top_level():
+    """configs/ holds links to the packaged files, so the defaults cannot drift apart."""
+    for name in ("default.yaml", "demo.yaml"):
+        top = REPO / "configs" / name
+        packaged = REPO / "receipt_embed" / "configs" / name
+        assert top.is_symlink() and top.resolve() == packaged.resolve(), name
+        assert top.read_text() == packaged.read_text()
 
 
 def test_every_setting_has_a_comment_and_design_keys_exist():

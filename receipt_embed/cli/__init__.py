@@ -172,9 +172,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 @click.pass_context
 def main(ctx: click.Context, plugins_dir: str | None, strict_plugins: bool, debug: bool) -> None:
     """Learn, index and audit image embeddings of photographed paper receipts."""
+    from receipt_embed.cli.app import Application
+
     global _debug
     _debug = debug
     warnings.showwarning = _show_warning
-    ctx.ensure_object(dict)
-    ctx.obj["plugins_dir"] = plugins_dir
-    ctx.obj["strict_plugins"] = strict_plugins
+    ctx.obj = Application(plugins_dir=plugins_dir, strict_plugins=strict_plugins, debug=debug)

@@ -59,40 +59,25 @@ def config_options(command):
 
 def resolve_config(config_file, overrides):
     """Load the config, turning a ConfigError into an exit-code-2 message."""
-    from receipt_embed.config import ConfigError, load_config
+    from receipt_embed.cli.app import current_app
 
-    try:
-        return load_config(config_file, overrides)
-    except ConfigError as exc:
-        raise InputError(str(exc)) from None
+    return current_app().load_config(config_file, overrides)
 
 
 def check_components(config, registry) -> None:
     """Every component the config names exists (else exit 2 listing the available ones)."""
+    from receipt_embed.kinds import CONFIGURED
     from receipt_embed.registry import ComponentError
 
-    for kind, name in (
-        ("encoder", config.model.encoder),
-        ("loss", config.loss.name),
-        ("augmentation", config.augment.preset),
-        ("sampler", config.sampler.name),
-    ):
+    for spec in CONFIGURED:
         try:
-            registry.get(kind, name)
+            registry.get(spec.name, spec.selected(config))
         except ComponentError as exc:
             raise InputError(str(exc)) from None
 
 
-def load_registry(ctx: click.Context, config=None):
-    """Discover plugins with the CLI's --plugins-dir/--strict-plugins (or the config's); with
-    neither, the CLI loads ``./plugins`` when it exists (the library loads no folder unasked)."""
-    from receipt_embed.plugin_manager import PluginLoadError, get_registry, resolve_plugins_dir
-    from receipt_embed.registry import ComponentError
+def load_registry(ctx: click.Context | None = None, config=None):
+    """The registry the application loads (see :class:`receipt_embed.cli.app.Application`)."""
+    from receipt_embed.cli.app import current_app
 
-    root = ctx.find_root().obj or {}
-    plugins_dir = root.get("plugins_dir") or (config.plugins.dir if config else None)
-    strict = root.get("strict_plugins") or (config.plugins.strict if config else False)
-    try:
-        return get_registry(resolve_plugins_dir(plugins_dir), strict=strict, dir_required=plugins_dir is not None)
-    except (PluginLoadError, ComponentError) as exc:
-        raise InputError(str(exc)) from None
+    return current_app().registry(config)

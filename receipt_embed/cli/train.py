@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
+from receipt_embed.cli.app import current_app
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
+from receipt_embed.config import config_with
 from receipt_embed.errors import BadInput
 
 
@@ -37,6 +39,16 @@ def settle_interrupted(out_dir) -> None:
     if leftovers_of(out_dir):
         with write_lock(out_dir):
             settle_leftovers(out_dir, log=lambda message: click.echo(f"Warning: {message}", err=True))
+
+
+def plugins_to_load(app, configured: str | None) -> str | None:
+    """The plugins folder a run imports, made absolute to be recorded: --plugins-dir, else the
+    config's, else ./plugins when it holds plugins (a run dir's own record is never one)."""
+    if app.plugins_dir_option:
+        return str(Path(app.plugins_dir_option).resolve())
+    if configured is None and any(Path("plugins").glob("*.py")):
+        return str(Path("plugins").resolve())
+    return configured
 
 
 def launch_torchrun(nproc: int, out: Path) -> int:
@@ -186,27 +198,20 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
         config_file = str(saved)  # the run's own settings; --set still applies on top
     config = resolve_config(config_file, overrides)
     recorded = config.plugins.dir if from_run_dir else None
-    if from_run_dir:
-        # never import code from a folder a run dir names: only --plugins-dir or ./plugins
-        config.plugins.dir = None
-    plugins_dir = (ctx.find_root().obj or {}).get("plugins_dir")
-    if plugins_dir:  # recorded in config.yaml, so the run says where its plugins came from
-        config.plugins.dir = str(Path(plugins_dir).resolve())
-    elif config.plugins.dir is None and any(Path("plugins").glob("*.py")):  # the default ./plugins, made explicit
-        config.plugins.dir = str(Path("plugins").resolve())
-    registry = load_registry(ctx, config)
+    loading = plugins_to_load(current_app(), None if from_run_dir else config.plugins.dir)
+    registry = load_registry(ctx, config_with(config, values={"plugins": {"dir": loading}}))
     try:
         check_components(config, registry)
     except InputError as exc:
-        if recorded and recorded != config.plugins.dir:
+        if recorded and recorded != loading:
             raise InputError(
                 f"{exc.message} The run was trained with plugins from {recorded}: resume with "
                 f"`receipt-embed --plugins-dir {recorded} train --out {out_dir} --resume` (plugins are "
                 "never loaded from a folder a run dir names)."
             ) from None
         raise
-    if config.plugins.dir is None:
-        config.plugins.dir = recorded  # keep the record for the next resume
+    # recorded in config.yaml, so the run says where its plugins came from (kept for the next resume)
+    config = config_with(config, values={"plugins": {"dir": loading if loading is not None else recorded}})
     if resume and force:
         raise InputError("--resume continues the run in --out and --force replaces it: give one of them")
     from receipt_embed.locking import write_lock
@@ -225,14 +230,12 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
                 nproc,
                 force,
                 world,
-                config_file,
-                overrides,
             )
     except BadInput as exc:  # the lock is held by another writer, or the disk is full
         raise InputError(str(exc)) from None
 
 
-def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world, config_file, overrides) -> None:
+def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world) -> None:
     """The run itself, under the run dir's writer lock."""
     import os
 
@@ -264,18 +267,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
                 raise InputError("--resume cannot be combined with --sweep")
             from receipt_embed.training.sweep import format_sweep, run_sweep
 
-            summary = run_sweep(
-                sweep,
-                config_file,
-                overrides,
-                data,
-                out,
-                registry,
-                progress=progress,
-                log=log,
-                plugins_dir=config.plugins.dir,
-                force=force,
-            )
+            summary = run_sweep(sweep, config, data, out, registry, progress=progress, log=log, force=force)
             click.echo(format_sweep(summary))
             click.echo(f"Wrote {out / 'sweep.json'}; losses at different values are not compared")
             return

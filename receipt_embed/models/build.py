@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from receipt_embed.config import Config
+from receipt_embed.kinds import KINDS
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
 from receipt_embed.registry import ComponentError, plugin_errors
 
@@ -16,13 +17,9 @@ from receipt_embed.registry import ComponentError, plugin_errors
 def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embedder:
     """Encoder plugin + projection head, as the config describes them. ``from_checkpoint``:
     the weights come from a checkpoint, so ``model.pretrained`` is never fetched or read."""
-    framework = {
-        "pretrained": None if from_checkpoint else config.model.pretrained,
-        "in_channels": 1 if config.data.grayscale else 3,
-        "pooling": config.model.pooling,
-        "grid": tuple(config.model.grid),
-    }
-    encoder = registry.create_with("encoder", config.model.encoder, framework, dict(config.model.params))
+    spec = KINDS["encoder"]
+    framework = spec.framework_arguments(config, **({"pretrained": None} if from_checkpoint else {}))
+    encoder = registry.create_with("encoder", spec.selected(config), framework, spec.params(config))
     plugin = registry.get("encoder", config.model.encoder).plugin
     if not isinstance(encoder, torch.nn.Module) or not isinstance(getattr(encoder, "feature_dim", None), int):
         raise ComponentError(

@@ -12,26 +12,20 @@ import torch
 
 from receipt_embed.config import Config
 from receipt_embed.data.views import SeededBatches, ViewDataset
+from receipt_embed.kinds import KINDS
 from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
 
 
-def check_built(registry, kind: str, name: str, built, needs: tuple[str, ...]) -> None:
+def check_built(registry, kind: str, name: str, built) -> None:
     """A plugin's factory returned something train cannot use: say which component and rule."""
-    missing = [attr for attr in needs if not hasattr(built, attr)]
-    if missing:
-        plugin = registry.get(kind, name).plugin
-        raise ComponentError(
-            f"{kind} {name!r} (from plugin {plugin!r}) built a {type(built).__name__} without "
-            f"{', '.join(missing)}; a {kind} needs {', '.join(needs)} (see docs/plugins.md)"
-        )
+    KINDS[kind].check_built(registry, name, built)
 
 
 def build_loss(config: Config, registry) -> torch.nn.Module:
     """The loss plugin with its temperature and ``loss.params``; it must be a torch module."""
-    loss = registry.create_with(
-        "loss", config.loss.name, {"temperature": config.loss.temperature}, dict(config.loss.params)
-    )
+    spec = KINDS["loss"]
+    loss = registry.create_with("loss", spec.selected(config), spec.framework_arguments(config), spec.params(config))
     if not isinstance(loss, torch.nn.Module):
         raise ComponentError(
             f"loss {config.loss.name!r} (from plugin {registry.get('loss', config.loss.name).plugin!r}) "
@@ -53,7 +47,7 @@ def build_batches(config: Config, registry, train_set, log) -> tuple[object, See
     sampler = build_sampler(
         registry, name, train_set.labels, train_set.rows, batch_size, train_cfg.seed, config.sampler.params
     )
-    check_built(registry, "sampler", name, sampler, ("__len__", "__iter__", "set_epoch"))
+    check_built(registry, "sampler", name, sampler)
     source = f"sampler {name!r} (from plugin {registry.get('sampler', name).plugin!r})"
     return sampler, SeededBatches(sampler, train_cfg.seed, len(train_set), source)
 
@@ -63,8 +57,9 @@ def build_views(config: Config, registry, train_set, train_cache) -> ViewDataset
     view is made at once, so a preset that breaks the view rules fails here, not in a loader worker."""
     preset = config.augment.preset
     size = tuple(config.data.image_size)
-    transform = registry.create_with("augmentation", preset, {"image_size": size}, dict(config.augment.params))
-    check_built(registry, "augmentation", preset, transform, ("__call__", "set_random_seed"))
+    spec = KINDS["augmentation"]
+    transform = registry.create_with("augmentation", preset, spec.framework_arguments(config), spec.params(config))
+    check_built(registry, "augmentation", preset, transform)
     dataset = ViewDataset(
         train_cache,
         transform,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from receipt_embed.config import ConfigError, load_config
+from receipt_embed.config import ConfigError, config_with
 from receipt_embed.fileio import atomic_write_json
 from receipt_embed.training.trainer import train
 
@@ -26,32 +26,28 @@ def parse_sweep(spec: str) -> tuple[str, list[str]]:
 
 def run_sweep(
     spec: str,
-    config_file,
-    overrides,
+    config,
     data_dir,
     out_dir,
     registry,
     progress=True,
     log=print,
-    plugins_dir: str | None = None,
     force: bool = False,
 ) -> dict:
     """One run per value into OUT/KEY=VALUE (``force`` replaces existing ones), under OUT's
-    writer lock, then OUT/sweep.json."""
+    writer lock, then OUT/sweep.json. ``config`` is the resolved config every run starts from."""
     from receipt_embed.locking import write_lock
     from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
 
     with write_lock(out_dir):
         check_run_out(out_dir, sweep=True)
         refuse_dataset_inside(out_dir, data_dir)
-        return _run_sweep(spec, config_file, overrides, data_dir, out_dir, registry, progress, log, plugins_dir, force)
+        return _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force)
 
 
-def _run_sweep(spec, config_file, overrides, data_dir, out_dir, registry, progress, log, plugins_dir, force) -> dict:
+def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) -> dict:
     key, values = parse_sweep(spec)
-    configs = [load_config(config_file, [*overrides, f"{key}={value}"]) for value in values]  # validate all first
-    for config in configs:  # the plugins folder train resolved, recorded in every sub-run
-        config.plugins.dir = plugins_dir if plugins_dir is not None else config.plugins.dir
+    configs = [config_with(config, [f"{key}={value}"]) for value in values]  # validate all first
     out_dir = Path(out_dir)
     runs = []
     for value, config in zip(values, configs):

@@ -13,3 +13,7 @@ from __future__ import annotations
 
 class BadInput(ValueError):
     """Something handed over cannot be used; the message says what and where (exit code 2)."""
+
+
+class ComponentError(BadInput):
+    """A plugin component could not be registered, found or built, or broke its contract."""

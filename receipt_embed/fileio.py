@@ -139,6 +139,15 @@ def append_line(path: str | os.PathLike, line: str) -> None:
         raise
 
 
+def parse_json(text):
+    """``json.loads``, where nesting too deep for the parser (a few KB of ``[[[[``) is an ordinary
+    JSONDecodeError that callers name the file for, not a RecursionError traceback."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+
+
 def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[dict], bool]:
     """Rows of a JSON-lines file that is only ever appended to; a torn last line (no newline,
     or not valid JSON: a writer killed mid-append) is dropped with a warning naming the file
@@ -154,7 +163,7 @@ def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[d
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(parse_json(line))
         except json.JSONDecodeError as exc:
             if number == len(complete) and not tail.strip():
                 dropped = number
@@ -178,7 +187,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(parse_json(line))
         except json.JSONDecodeError as exc:
             raise BadInput(f"{path}, line {number}: invalid JSON ({exc.msg})") from None
     return rows
@@ -213,7 +222,7 @@ def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES):
     """A small JSON file (a marker, a record, a report) from a regular file of at most ``max_bytes``;
     a FIFO, a device or a huge file is an :class:`~receipt_embed.userfiles.UnusableFile`."""
     try:
-        return json.loads(read_regular(path, max_bytes).decode("utf-8"))
+        return parse_json(read_regular(path, max_bytes).decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadInput(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from receipt_embed.errors import BadInput
+from receipt_embed.errors import BadInput, ComponentError
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,6 @@ class ComponentKind:
 
     def check_built(self, registry, name: str, built) -> None:
         """A factory returned something that lacks what this kind needs: say which component and rule."""
-        from receipt_embed.registry import ComponentError
-
         missing = [attr for attr in self.needs if not hasattr(built, attr)]
         if missing:
             plugin = registry.get(self.name, name).plugin

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from receipt_embed.errors import BadInput
+from receipt_embed.fileio import parse_json
 
 HELD_LOCKS_ENV = "RECEIPT_EMBED_HELD_LOCKS"  # os.pathsep-separated lock files a parent process holds
 _held: dict[str, int] = {}  # lock file -> how many nested holds this process has on it
@@ -70,7 +71,7 @@ def _read_holder(fd: int) -> dict:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         text = os.read(fd, 65536).decode("utf-8", "replace")
-        holder = json.loads(text) if text.strip() else {}
+        holder = parse_json(text) if text.strip() else {}
     except (OSError, ValueError):
         return {}
     return holder if isinstance(holder, dict) else {}

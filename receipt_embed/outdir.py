@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from receipt_embed.errors import BadInput
-from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
+from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full, parse_json
 from receipt_embed.locking import write_lock
 
 # what each kind of dir holds; a dir is of a kind when it holds all its marker files
@@ -85,10 +85,8 @@ def _written_by_us(path: Path, kind: str) -> set[str] | None:
     if kind == "index":
         names.add("audit")  # audit-shortcuts' default report dir
     if kind in ("index", "shard"):  # and whatever files its record lists (e.g. verifier data)
-        import json
-
         try:
-            record = json.loads((path / MARKERS[kind][0]).read_text(encoding="utf-8"))
+            record = parse_json((path / MARKERS[kind][0]).read_text(encoding="utf-8"))
             names |= {Path(name).parts[0] for name in record.get("files", {}) if Path(name).parts}
         except (OSError, ValueError, AttributeError, TypeError):
             pass

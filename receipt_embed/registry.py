@@ -15,15 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from receipt_embed.errors import BadInput
+from receipt_embed.errors import ComponentError
 from receipt_embed.kinds import KINDS as COMPONENT_KINDS
 
 # what each kind is (its hook, config keys, framework arguments): receipt_embed/kinds.py
 KINDS = {name: spec.hook for name, spec in COMPONENT_KINDS.items()}  # kind -> the hook that registers it
-
-
-class ComponentError(BadInput):
-    """A component could not be registered, found or built."""
 
 
 class InvalidComponent(ComponentError):

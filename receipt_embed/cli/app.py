@@ -12,7 +12,11 @@ from pathlib import Path
 
 import click
 
-from receipt_embed.cli.options import InputError
+
+class InputError(click.ClickException):
+    """Bad input (a manifest, a config, a plugin name): exit code 2, no usage banner."""
+
+    exit_code = 2
 
 
 class Application:

@@ -6,11 +6,7 @@ import functools
 
 import click
 
-
-class InputError(click.ClickException):
-    """Bad input (a manifest, a config, a plugin name): exit code 2, no usage banner."""
-
-    exit_code = 2
+from receipt_embed.cli.app import InputError, current_app
 
 
 class ExistingPath(click.Path):
@@ -59,8 +55,6 @@ def config_options(command):
 
 def resolve_config(config_file, overrides):
     """Load the config, turning a ConfigError into an exit-code-2 message."""
-    from receipt_embed.cli.app import current_app
-
     return current_app().load_config(config_file, overrides)
 
 
@@ -78,6 +72,4 @@ def check_components(config, registry) -> None:
 
 def load_registry(ctx: click.Context | None = None, config=None):
     """The registry the application loads (see :class:`receipt_embed.cli.app.Application`)."""
-    from receipt_embed.cli.app import current_app
-
     return current_app().registry(config)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed.errors import BadInput
-from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, read_jsonl, sha256_file
+from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, parse_json, read_jsonl, sha256_file
 from receipt_embed.indexing.contents import check_embeddings, check_index_matches, check_items, check_meta_types
 from receipt_embed.npyfile import BadNpyFile, load_npy
 from receipt_embed.userfiles import UnusableFile, open_regular, read_regular_text
@@ -155,7 +155,7 @@ def read_meta(path: str | Path) -> dict:
     if not path.is_dir():
         raise IndexDirError(f"{path} is not a directory; an index dir is what `receipt-embed index --out` writes")
     try:
-        meta = json.loads(read_regular_text(meta_path, MAX_META_BYTES))
+        meta = parse_json(read_regular_text(meta_path, MAX_META_BYTES))
     except UnusableFile as exc:
         if exc.reason == "missing_file":
             raise IndexDirError(

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed.errors import BadInput
-from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
+from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, parse_json, read_jsonl
 from receipt_embed.indexing.contents import check_embeddings, check_items, check_shard_meta
 from receipt_embed.indexing.index_dir import MAX_META_BYTES, IndexDirError, sha256_file
 from receipt_embed.npyfile import load_npy
@@ -72,7 +72,7 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
     """A shard dir's vectors and items, checked against shard.json (only regular files are read)."""
     path = Path(path)
     try:
-        meta = json.loads(read_regular_text(path / SHARD_FILE, MAX_META_BYTES))
+        meta = parse_json(read_regular_text(path / SHARD_FILE, MAX_META_BYTES))
         files = meta["files"]
     except UnusableFile as exc:
         if exc.reason == "missing_file":

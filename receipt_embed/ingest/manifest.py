@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receipt_embed.errors import BadInput
+from receipt_embed.fileio import parse_json
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
 
 REQUIRED_COLUMNS = ("path", "receipt_id", "device")
@@ -138,7 +139,7 @@ def _read_jsonl(path: Path) -> list[ManifestRow]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except json.JSONDecodeError as exc:
             raise ManifestError(f"{path}, line {number}: invalid JSON ({exc.msg}, column {exc.colno})") from None
         if not isinstance(record, dict):

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from receipt_embed.errors import BadInput
+from receipt_embed.fileio import parse_json
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -38,10 +39,9 @@ def _entries(path: Path) -> set[str]:
 
 def _is_data_record(path: Path) -> bool:
     """A ``data.json`` as a run writes it (a user's own data.json is not taken for one)."""
-    import json
 
     try:
-        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
+        record = parse_json(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
     except (OSError, ValueError):
         return False
     return isinstance(record, dict) and set(record) == {"data_dir", "manifest_sha256"}
@@ -109,7 +109,6 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
 
 def dataset_sources(data_dir: str | os.PathLike) -> list[Path]:
     """What reading dataset ``data_dir`` reads: the dir, its ingest source folder and its captures."""
-    import json
 
     from receipt_embed.userfiles import read_regular_text
 
@@ -118,7 +117,7 @@ def dataset_sources(data_dir: str | os.PathLike) -> list[Path]:
     # only regular files, capped: a FIFO or a device here must not hang or flood this check
     # (loading the dataset afterwards names such a file as the error)
     try:
-        report = json.loads(read_regular_text(data_dir / "ingest_report.json", 16 * 1024 * 1024))
+        report = parse_json(read_regular_text(data_dir / "ingest_report.json", 16 * 1024 * 1024))
         source = Path(report["source"]) if isinstance(report, dict) and isinstance(report.get("source"), str) else None
     except (OSError, ValueError, KeyError):
         source = None
@@ -130,7 +129,7 @@ def dataset_sources(data_dir: str | os.PathLike) -> list[Path]:
         lines = []
     for line in lines:
         try:
-            path = json.loads(line).get("path")
+            path = parse_json(line).get("path")
         except (ValueError, AttributeError):
             continue
         if isinstance(path, str) and path:

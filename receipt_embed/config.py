@@ -12,7 +12,7 @@ import difflib
 from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from omegaconf import OmegaConf
@@ -31,8 +31,16 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
 
+# sizes far beyond any receipt model: a checkpoint naming one is corrupt or crafted, and would make
+# index or search allocate without end
+MAX_SIDE = 4096
+MAX_WIDTH = 65536
+Side = Annotated[int, Field(gt=0, le=MAX_SIDE)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+
+
 class DataConfig(_Section):
-    image_size: tuple[PositiveInt, PositiveInt]
+    image_size: tuple[Side, Side]
     grayscale: bool
 
 
@@ -57,9 +65,9 @@ class ModelConfig(_Section):
     encoder: str
     pretrained: str | None
     pooling: Literal["gap", "grid"]
-    grid: tuple[PositiveInt, PositiveInt]
-    head_hidden: PositiveInt
-    head_dim: PositiveInt
+    grid: tuple[Annotated[int, Field(gt=0, le=64)], Annotated[int, Field(gt=0, le=64)]]
+    head_hidden: Width
+    head_dim: Width
     bn_momentum: float = Field(gt=0, le=1)
     input_norm: Literal["fixed", "per_image"]
     params: dict[str, Any] = Field(default_factory=dict)  # extra keyword arguments for the encoder plugin
@@ -117,6 +125,7 @@ class Config(_Section):
 
 # a config is a page of YAML; anything far larger is not one
 MAX_CONFIG_BYTES = 1024 * 1024
+MAX_CONFIG_DEPTH = 32
 DEFAULT_CONFIG = files("receipt_embed") / "configs" / "default.yaml"
 DEMO_CONFIG = files("receipt_embed") / "configs" / "demo.yaml"
 
@@ -150,6 +159,7 @@ def _explain(error: dict) -> str:
 def _refuse_aliases(text: str, path: Path) -> None:
     """A config never needs YAML aliases, and a few nested ones ("billion laughs") expand into
     more nodes than memory holds once OmegaConf copies the shared references; refuse any."""
+    depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent):
             mark = event.start_mark
@@ -157,6 +167,15 @@ def _refuse_aliases(text: str, path: Path) -> None:
                 f"config file {path}, line {mark.line + 1}: YAML aliases (*{event.anchor}) are not "
                 "allowed in a config; write the values out"
             )
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:  # deep nesting makes the YAML and config libraries crawl, then crash
+                raise ConfigError(
+                    f"config file {path}, line {event.start_mark.line + 1}: nested more than "
+                    f"{MAX_CONFIG_DEPTH} levels deep; a config never needs that"
+                )
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
 
 
 def _load_yaml(path: Path) -> dict:
@@ -173,8 +192,11 @@ def _load_yaml(path: Path) -> dict:
         raise ConfigError(f"config file {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # one line: the problem and where (the rest of the message quotes the file)
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {problem}{where}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -191,7 +213,8 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
             layers.append(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError) as exc:
             first_line = str(exc).strip().splitlines()[0]
-            raise ConfigError(f"cannot parse --set {item!r}: {first_line}") from None
+            shown = item if len(item) <= 200 else item[:200] + f"... ({len(item)} characters)"
+            raise ConfigError(f"cannot parse --set {shown!r}: {first_line[:200]}") from None
     return layers
 
 

@@ -209,10 +209,11 @@ def json_safe(value):
     return value
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    """sha256 of a regular file (a FIFO or device raises UnusableFile instead of blocking)."""
+def sha256_file(path: str | Path, chunk: int = 1 << 22, max_bytes: int | None = None) -> str:
+    """sha256 of a regular file (a FIFO or device raises UnusableFile instead of blocking; so does
+    a file over ``max_bytes``, before any of it is read)."""
     digest = hashlib.sha256()
-    with open_regular(path, None) as handle:
+    with open_regular(path, max_bytes) as handle:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()

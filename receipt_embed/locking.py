@@ -155,6 +155,32 @@ def _write_holder(fd: int, path: Path, record: dict) -> None:
         raise
 
 
+_descriptors: dict[str, int] = {}  # lock path -> the descriptor holding its flock, in this process
+
+
+class LockLost(BadInput):
+    """The lock file of a dir this process writes was removed or replaced while it held it."""
+
+
+def check_still_held(out: str | os.PathLike) -> None:
+    """Before a long-running writer writes again: refuse to go on when its lock file was deleted or
+    replaced meanwhile (another writer could then have taken a new lock on the same dir)."""
+    path = lock_path(out)
+    fd = _descriptors.get(str(path))
+    if fd is None:  # held by a parent process (train --nproc) or not by this process: nothing to compare
+        return
+    try:
+        same = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        raise LockLost(
+            f"the lock file {path} of {out} was removed or replaced while this process was writing there; "
+            "another writer may be using the dir now, so this one stops without writing more "
+            "(check the dir, then start again)"
+        )
+
+
 @contextmanager
 def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
     """Hold the exclusive writer lock of dir ``out`` (reentrant within a process).
@@ -186,6 +212,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         _held[key] = 1
+        _descriptors[key] = fd
         try:
             with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
                 _write_holder(fd, path, record)
@@ -207,6 +234,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
             raise stop from None
         finally:
             del _held[key]
+            _descriptors.pop(key, None)
             path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
     finally:
         os.close(fd)

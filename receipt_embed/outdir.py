@@ -22,6 +22,7 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from glob import escape as glob_escape
 from pathlib import Path
 
 from receipt_embed.errors import BadInput
@@ -35,6 +36,7 @@ MARKERS = {
     "shard": ("shard.json",),
     "audit": ("audit.json",),
     "run": ("checkpoints/last.pt",),
+    "samples": ("manifest.csv", "samples.json"),
 }
 # files an interrupted older writer may have left without its marker (still ours)
 PARTIAL = {
@@ -44,6 +46,8 @@ PARTIAL = {
     "run": ("config.yaml", "metrics.jsonl"),
 }
 WHAT = {
+    "pairs": "a pairs CSV",
+    "samples": "a samples dir",
     "dataset": "a dataset dir",
     "index": "an index dir",
     "shard": "a shard dir",
@@ -82,6 +86,8 @@ def _written_by_us(path: Path, kind: str) -> set[str] | None:
     if kind == "run":
         return None
     names = {*MARKERS[kind], *PARTIAL.get(kind, ())}
+    if kind == "samples":
+        names.add("images")
     if kind == "index":
         names.add("audit")  # audit-shortcuts' default report dir
     if kind in ("index", "shard"):  # and whatever files its record lists (e.g. verifier data)
@@ -133,6 +139,11 @@ def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
     """Refuse to write ``kind`` into ``out`` unless it is absent, empty, or ours of that kind with ``force``,
     and never inside another dir that is replaced whole."""
     refuse_nested(out, kind)
+    if Path(out).is_symlink():
+        raise BadInput(
+            f"{out} is a symbolic link (to {os.readlink(out)}); an output dir is never replaced through a link: "
+            "give the folder itself as --out"
+        )
     found = dir_kind(out)
     if found is None:
         return
@@ -216,6 +227,22 @@ def clean_leftovers(out: str | os.PathLike, log=None) -> list[Path]:
         )
     if parts:
         (log or warnings.warn)("; ".join(parts))
+    return found
+
+
+def clean_temporaries(path: str | os.PathLike, log=None) -> list[Path]:
+    """Under ``path``'s lock: remove the temporary files (``.NAME.*.tmp``) of atomic writes of
+    ``path`` that a killed writer left beside it, and say so in one line."""
+    path = Path(os.path.abspath(path))
+    found = sorted(
+        p for p in path.parent.glob(f".{glob_escape(path.name)}.*.tmp") if p.is_file() and not p.is_symlink()
+    )
+    for leftover in found:
+        leftover.unlink(missing_ok=True)
+    if found:
+        (log or warnings.warn)(
+            f"removed {len(found)} temporary file(s) of an interrupted write of {path} ({', '.join(p.name for p in found)})"
+        )
     return found
 
 

@@ -27,10 +27,12 @@ from receipt_embed import hookspecs
 from receipt_embed.errors import BadInput
 from receipt_embed.kinds import KINDS
 from receipt_embed.registry import ComponentClash, PluginInfo, Registry
+from receipt_embed.userfiles import read_regular_text
 
 ENTRY_POINT_GROUP = "receipt_embed"
 DISABLE_ENV = "RECEIPT_EMBED_DISABLE_PLUGINS"
 DEFAULT_PLUGINS_DIR = "plugins"
+MAX_PLUGIN_BYTES = 8 * 1024 * 1024  # a plugin is a page of Python; anything far larger is not one
 
 BUILTIN_PLUGINS = (
     "receipt_embed.builtins.augmentations",
@@ -218,10 +220,12 @@ class PluginLoader:
                 continue
             module_name = f"{_folder_package(folder)}.{name}"
             try:
+                # read as a regular file first (capped): a FIFO or a link to /dev/zero here must not hang
+                source = read_regular_text(path, MAX_PLUGIN_BYTES)
                 spec = importlib.util.spec_from_file_location(module_name, path)
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[module_name] = module
-                spec.loader.exec_module(module)
+                exec(compile(source, str(path), "exec"), module.__dict__)
             except Exception as exc:
                 sys.modules.pop(module_name, None)
                 missing = getattr(exc, "name", None)

@@ -53,7 +53,9 @@ def _imports() -> dict[str, set[str]]:
                 if node.level:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*up, *([node.module] if node.module else [])])
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+                ]
             for target in targets:
                 while target and target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_TRAINING, builtin_registry, run_cli, train_tiny
+from conftest import REPO, TINY_TRAINING, builtin_registry, run_cli, train_tiny
 from PIL import Image
 
 from receipt_embed.config import ConfigError, load_config
@@ -392,3 +392,77 @@ def test_fifo_shard_embeddings_and_checkpoint_are_refused(trained, tmp_path):
         "index", "--embeddings", tmp_path / "pipe", "--manifest", dataset, "--out", tmp_path / "e", timeout=HANG
     )
     assert result.returncode == 2 and "pipe: is a FIFO" in result.stderr
+
+
+# --- round 3 of the attack: plugins folders, deep nesting, huge recorded files -------------------
+
+
+def test_a_fifo_or_device_in_the_plugins_folder_is_skipped_by_name_without_hanging(tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    os.mkfifo(plugins / "evil.py")
+    os.symlink("/dev/zero", plugins / "zeros.py")
+    (plugins / "fine.py").write_text("VALUE = 1\n")
+    result = run_cli("plugins", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"plugin 'evil' failed to load and was skipped: {plugins / 'evil.py'}: is a FIFO" in result.stderr
+    assert (
+        f"plugin 'zeros' failed to load and was skipped: {plugins / 'zeros.py'}: is a character device" in result.stderr
+    )
+    strict = run_cli("--strict-plugins", "plugins", cwd=tmp_path, timeout=60)
+    assert strict.returncode == 2 and "(--strict-plugins)" in strict.stderr and "Traceback" not in strict.stderr
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deeply_nested_json_is_one_error_naming_the_file(small_dataset, tmp_path):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"path": "a.jpg", "receipt_id": "r", "device": "d", "x": ' + _deep(200_000) + "}\n")
+    result = run_cli("ingest", deep, "--out", tmp_path / "ds", timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"{deep}, line 1: invalid JSON (nested too deeply" in result.stderr
+
+    # a lock file holding deep JSON is an unreadable holder record: taken over like an empty one
+    target = tmp_path / "ds2"
+    (tmp_path / ".ds2.lock").write_text(_deep(100_000))
+    taken = run_cli("ingest", REPO / "data_samples", "--out", target, "-q", timeout=120)
+    assert taken.returncode == 0 and "Traceback" not in taken.stderr, taken.stderr
+
+    record = small_dataset / "ingest_report.json"
+    record.write_text('{"source": ' + _deep(100_000) + "}")
+    broken = run_cli("train", "--data", small_dataset, "--out", tmp_path / "run", "-q", timeout=120)
+    assert "Traceback" not in broken.stderr and "RecursionError" not in broken.stderr, broken.stderr
+
+
+def test_deeply_nested_yaml_is_refused_at_once(tmp_path):
+    config = tmp_path / "deep.yaml"
+    config.write_text("train:\n  epochs: " + _deep(50_000) + "\n")
+    started = time.perf_counter()
+    result = run_cli("config", "--config", config, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        == f"Error: config file {config}, line 2: nested more than 32 levels deep; a config never needs that"
+    )
+    assert time.perf_counter() - started < 30
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  epochs: [1, 2\n")
+    one_line = run_cli("config", "--config", bad)
+    assert one_line.returncode == 2 and len(one_line.stderr.strip().splitlines()) == 1, one_line.stderr
+    assert "is not valid YAML: expected ',' or ']'" in one_line.stderr and "(line 3, column 1)" in one_line.stderr
+
+
+def test_a_huge_checkpoint_named_by_an_index_dir_is_refused_unread(checkpoint_index, tmp_path):
+    from tamper import edit_meta
+
+    huge = tmp_path / "huge.pt"
+    with open(huge, "wb") as handle:
+        handle.truncate(300 * 1024**3)  # sparse: 300 GB that would take minutes to hash
+    index = _copy_index(checkpoint_index, tmp_path / "ix")
+    edit_meta(index, lambda meta: meta["source"].update(checkpoint=str(huge)))
+    query = next((REPO / "data_samples" / "images").iterdir())
+    result = run_cli("search", index, query, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"{huge}: is {300 * 1024**3} bytes, over the limit of" in result.stderr

@@ -199,3 +199,62 @@ def test_sigterm_that_an_extension_turns_into_another_error_is_still_a_stop(tmp_
     with pytest.raises(TypeError, match="plain"), write_lock(out):
         raise TypeError("plain")
     assert capsys.readouterr().err == ""
+
+
+def test_an_audit_into_the_index_dir_and_an_index_force_never_run_together(tmp_path):
+    """Round 3 of the attack: an audit writing INDEX/audit while `index --force` replaced INDEX
+    put the old index's report in the new one. The report inside the index dir is a write to the
+    index dir: it takes the index's lock, so one of the two is refused by name."""
+    x, manifest = write_embeddings(tmp_path, "e", 40)
+    index = tmp_path / "ix"
+    assert run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    holder = hold_lock(index)  # as an `index --force` in progress would
+    try:
+        audit = run_cli("audit-shortcuts", index, "--gallery", "0", "-q", timeout=120)
+        assert audit.returncode == 2 and f"{index} is being written by pid {holder.pid}" in audit.stderr
+        assert not (index / "audit").exists()
+        elsewhere = run_cli("audit-shortcuts", index, "--gallery", "0", "-q", "--out", tmp_path / "rep", timeout=120)
+        assert elsewhere.returncode in (0, 1), elsewhere.stderr  # a report elsewhere only reads the index
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_cli("audit-shortcuts", index, "--gallery", "0", "-q").returncode in (0, 1)
+    assert (index / "audit" / "audit.json").exists() and not (tmp_path / ".ix.lock").exists()
+
+
+def test_a_writer_whose_lock_file_was_deleted_stops_before_writing_again(tmp_path):
+    from receipt_embed.locking import LockLost, check_still_held, lock_path, write_lock
+
+    out = tmp_path / "run"
+    with write_lock(out):
+        check_still_held(out)
+        lock_path(out).unlink()  # someone deletes it: a second writer could now take a new one
+        with pytest.raises(LockLost, match=r"the lock file .*\.run\.lock of .* was removed or replaced"):
+            check_still_held(out)
+        lock_path(out).write_text("{}")  # a new file in its place is not our lock either
+        with pytest.raises(LockLost):
+            check_still_held(out)
+    check_still_held(out)  # not held by this process: nothing to compare
+
+
+def test_train_stops_when_its_lock_file_is_deleted_mid_run(tmp_path):
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds")
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "deletes_lock.py").write_text(
+        "from pathlib import Path\n"
+        "from receipt_embed.hookspecs import hookimpl\n"
+        "@hookimpl\n"
+        "def on_epoch_end(run_dir, epoch):\n"
+        "    if epoch == 1:\n"
+        "        (Path(run_dir).parent / f'.{Path(run_dir).name}.lock').unlink()\n"
+    )
+    sets = [arg for key in [*TINY_TRAINING[:-1], "train.epochs=3"] for arg in ("--set", key)]
+    run = tmp_path / "run"
+    result = run_cli("--plugins-dir", plugins, "train", "--data", tmp_path / "ds", "--out", run, "-q", *sets)
+    assert result.returncode == 2, result.stderr
+    assert f"the lock file {tmp_path / '.run.lock'} of {run} was removed or replaced" in result.stderr
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1], "nothing is written after the lock is lost"

@@ -104,3 +104,25 @@ def test_cli_warnings_print_escaped_one_line(capsys):
 
     _show_warning(UserWarning("gallery image row 3: /data/x\n  DUPLICATE\x1b[2J"), UserWarning, "file.py", 1)
     assert capsys.readouterr().err == "Warning: gallery image row 3: /data/x\\n  DUPLICATE\\x1b[2J\n"
+
+
+def test_error_messages_quoting_file_values_are_escaped_one_line(tmp_path):
+    """Round 3 of the attack: values from index.json (or a lock file's holder record) reached the
+    terminal raw inside an error message, so a crafted one could print a fake verdict line."""
+    import numpy as np
+    from tamper import edit_meta
+
+    from receipt_embed.indexing import index_embeddings
+
+    rows = [{"path": f"img{i}.jpg", "receipt_id": f"r{i // 2}", "device": "d"} for i in range(6)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(6, 8)).astype(np.float32))
+    index = tmp_path / "ix"
+    index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", index)
+    edit_meta(index, lambda meta: meta["source"].update(embeddings="x\n  " + FAKE_LINE + "\x1b[2J"))
+    query = next((REPO / "data_samples" / "images").iterdir())
+    result = run_cli("search", index, query)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "\x1b" not in result.stderr, result.stderr
+    assert "(x\\n  DUPLICATE of receipt y" in lines[0] and "\\x1b[2J" in lines[0]

@@ -321,3 +321,78 @@ def test_only_our_own_leftovers_of_a_dead_writer_are_removed(tmp_path, recwarn):
     assert leftovers_of(run) == []
     settle_leftovers(run)
     assert (users / "photos").is_dir() and len(recwarn) == 1
+
+
+def test_all_pairs_out_never_goes_inside_our_dirs_nor_over_a_file_it_did_not_write(cli, tmp_path, dataset):
+    """Round 3 of the attack: --out inside a dataset or another index dir, and --force over a
+    checkpoint or a manifest, were accepted."""
+    import shutil
+
+    x, manifest = write_embeddings(tmp_path, "e", 12)
+    index = tmp_path / "ix"
+    other = tmp_path / "other_ix"
+    for target in (index, other):
+        assert cli("index", "--embeddings", x, "--manifest", manifest, "--out", target, "-q").returncode == 0
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    before = {ds: tree_digest(ds), other: tree_digest(other)}
+    pairs = ("search", index, "--all-pairs", "--threshold", "-1")
+    for out, words in ((ds / "pairs.csv", "is inside a dataset dir"), (other / "pairs.csv", "is inside an index dir")):
+        result = cli(*pairs, "--out", out)
+        assert result.returncode == 2 and words in result.stderr, result.stderr
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"PK a checkpoint")
+    for victim in (checkpoint, ds / "manifest.jsonl"):
+        content = victim.read_bytes()
+        result = cli(*pairs, "--out", victim, "--force")
+        assert result.returncode == 2, result.stderr
+        assert "is not a pairs CSV that search wrote" in result.stderr or "is inside a dataset dir" in result.stderr
+        assert victim.read_bytes() == content
+    assert {ds: tree_digest(ds), other: tree_digest(other)} == before
+    mine = tmp_path / "pairs.csv"
+    assert cli(*pairs, "--out", mine).returncode == 0
+    assert cli(*pairs, "--out", mine, "--force").returncode == 0, "a pairs CSV of ours is replaced with --force"
+    assert not list(tmp_path.glob(".pairs.csv.*")), "no lock or temporary file left"
+
+
+def test_make_samples_writes_only_its_own_samples_dirs(cli, tmp_path, dataset):
+    import shutil
+
+    mine = tmp_path / "mine"
+    (mine / "images").mkdir(parents=True)
+    (mine / "images" / "r0000_phone_a.jpg").write_text("precious")
+    (mine / "manifest.csv").write_text("my notes")
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    before = {mine: tree_digest(mine), ds: tree_digest(ds)}
+    small = ("make-samples", "--receipts", "1", "--devices", "1", "-q")
+    for out, words in ((mine, "holds files that receipt-embed did not write"), (ds / "s", "is inside a dataset dir")):
+        result = cli(*small, "--out", out, "--force")
+        assert result.returncode == 2 and words in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert {mine: tree_digest(mine), ds: tree_digest(ds)} == before
+
+    samples = tmp_path / "samples"
+    assert cli(*small, "--out", samples).returncode == 0
+    first = tree_digest(samples)
+    assert set(first) == {"manifest.csv", "samples.json", "images/r0000_phone_a.jpg"}
+    again = cli(*small, "--out", samples, "--seed", "1")
+    assert again.returncode == 2 and "already holds a samples dir; pass --force" in again.stderr
+    assert cli(*small, "--out", samples, "--seed", "1", "--force").returncode == 0
+    assert tree_digest(samples) != first and json.loads((samples / "samples.json").read_text())["seed"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".samples")) == []
+
+
+def test_an_out_given_as_a_symlink_is_refused_not_swapped_away(cli, tmp_path, dataset):
+    import os
+    import shutil
+
+    real = tmp_path / "real"
+    shutil.copytree(dataset, real)
+    os.symlink(real, tmp_path / "link")
+    before = tree_digest(real)
+    result = cli("ingest", REPO / "data_samples", "--out", tmp_path / "link", "--force", "-q")
+    assert result.returncode == 2 and f"{tmp_path / 'link'} is a symbolic link (to {real})" in result.stderr
+    assert (tmp_path / "link").is_symlink() and tree_digest(real) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]

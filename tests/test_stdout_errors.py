@@ -3,6 +3,7 @@ is flushed at exit; a closed pipe is still click's quiet exit."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,3 +45,21 @@ def test_a_closed_pipe_is_still_quiet(tmp_path):
     with os.fdopen(writer, "w") as closed:
         result = run_to(closed, "--help")
     assert "Traceback" not in result.stderr and "cannot write" not in result.stderr
+
+
+def test_all_pairs_into_a_closed_pipe_is_quiet(tmp_path):
+    """Round 3 of the attack: `search --all-pairs --out - | head -1` printed a Broken pipe error."""
+    import numpy as np
+
+    from receipt_embed.indexing import index_embeddings
+
+    rows = [{"path": f"img{i}.jpg", "receipt_id": f"r{i // 2}", "device": "d"} for i in range(400)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(400, 8)).astype(np.float32))
+    index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
+    reader, writer = os.pipe()
+    os.close(reader)
+    with os.fdopen(writer, "w") as closed:
+        result = run_to(closed, "search", tmp_path / "ix", "--all-pairs", "--threshold", "-1", "--out", "-")
+    assert "Traceback" not in result.stderr and "Broken pipe" not in result.stderr, result.stderr
+    assert "Error" not in result.stderr

@@ -296,3 +296,20 @@ def test_resume_after_a_killed_force_run_uses_the_restored_runs_data(tmp_path, t
     assert "restored the run in" in result.stderr and "manifest differs" not in result.stderr
     assert (run / "data.json").read_text() == old_record
     assert not list(tmp_path.glob(".run.old-*"))
+
+
+def test_a_killed_all_pairs_writer_leaves_a_temporary_file_the_next_one_removes(tmp_path):
+    """Round 3 of the attack: the partial pairs file of a killed `search --all-pairs --out` stayed."""
+    x, manifest = write_embeddings(tmp_path, "e", 12)
+    index = tmp_path / "ix"
+    assert run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    leftover = tmp_path / ".pairs.csv.k3ll3d.tmp"
+    leftover.write_text("path_a,path_b,similarity,same_receipt\n" * 1000)
+    mine = tmp_path / ".pairs.csv.notes"  # not a temporary file of ours: kept
+    mine.write_text("my notes")
+    result = run_cli("search", index, "--all-pairs", "--threshold", "0.5", "--out", tmp_path / "pairs.csv")
+    assert result.returncode == 0, result.stderr
+    assert f"removed 1 temporary file(s) of an interrupted write of {tmp_path / 'pairs.csv'} ({leftover.name})" in (
+        result.stderr
+    )
+    assert not leftover.exists() and mine.read_text() == "my notes" and (tmp_path / "pairs.csv").is_file()

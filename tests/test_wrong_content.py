@@ -327,3 +327,56 @@ def test_index_merge_names_edited_shards(tmp_path, change, message):
     result = run_cli("index-merge", *shards, "--out", tmp_path / "merged", "-q")
     _one_clean_error(result, str(shards[1]), message)
     assert not (tmp_path / "merged").exists()
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda s: s.update(sums={**s["sums"], "loss": "x"}), "sums.loss is a str, --resume needs a number"),
+        (lambda s: s.update(sums={**s["sums"], "steps": -1}), "sums.steps is -1; --resume needs 0 or more"),
+        (lambda s: s.update(epoch=-5), "epoch is -5; --resume needs a count of 0 or more"),
+        (lambda s: s.update(step=10**9), "step is 1000000000, but an epoch of this run has"),
+        (lambda s: s.update(step=-3), "step is -3; --resume needs a count of 0 or more"),
+    ],
+    ids=["sums loss a string", "negative sums", "negative epoch", "step past the epoch", "negative step"],
+)
+def test_resume_refuses_counters_a_run_cannot_have(trained, tmp_path, change, message):
+    """Round 3 of the attack: a last.pt whose counters were edited is named, not trained on."""
+    run = tmp_path / "run"
+    shutil.copytree(trained / "run", run)
+    last = run / "checkpoints" / "last.pt"
+    _tampered_checkpoint(last, last, change)
+    before = last.read_bytes()
+    result = run_cli("train", "--data", trained / "dataset", "--out", run, "--resume", "-q", "--set", "train.epochs=3")
+    _one_clean_error(result, str(last), message)
+    assert last.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "section,key,value,named",
+    [
+        ("data", "image_size", [16000, 8000], "config.data.image_size.0"),
+        ("model", "head_hidden", 10**10, "config.model.head_hidden"),
+    ],
+)
+def test_a_checkpoint_config_with_absurd_sizes_is_refused_before_anything_is_allocated(
+    trained, tmp_path, section, key, value, named
+):
+    path = _tampered_checkpoint(
+        trained / "run" / "checkpoints" / "best.pt",
+        tmp_path / "big.pt",
+        lambda s: s["config"][section].update({key: value}),
+    )
+    result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "ix", "-q")
+    _one_clean_error(result, str(path), named, "less than or equal to")
+
+
+def test_idmap_factories_are_refused_in_one_line(small_index, tmp_path):
+    x = small_index.parent / "vectors.npy"
+    manifest = small_index.parent / "manifest.jsonl"
+    for factory in ("IDMap,Flat", "IDMap2,Flat", "IDMap,HNSW32"):
+        result = run_cli(
+            "index", "--embeddings", x, "--manifest", manifest, "--out", tmp_path / "ix", "--factory", factory
+        )
+        _one_clean_error(result, "IDMap wrappers are not supported")
+        assert not (tmp_path / "ix").exists()

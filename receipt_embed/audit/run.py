@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +88,10 @@ def run_audit(
         raise BadInput(f"report dir {out} is a file; the report needs a directory")
     refuse_own_input(out, {"index dir": index_path})
     read_meta(index_path)  # a missing index dir is named before the lock makes the report's parent
-    with write_lock(out):
+    # a report inside the index dir (the default INDEX/audit) is a write to the index dir: hold its
+    # lock too, so an `index --force` replacing it cannot run at the same time (either one is refused)
+    inside = Path(os.path.abspath(out)).parent == Path(os.path.abspath(index_path))
+    with write_lock(index_path) if inside else nullcontext(), write_lock(out):
         check_replaceable(out, "audit", force)
         figures, html = _audit(
             index_path,

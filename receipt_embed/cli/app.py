@@ -14,9 +14,15 @@ import click
 
 
 class InputError(click.ClickException):
-    """Bad input (a manifest, a config, a plugin name): exit code 2, no usage banner."""
+    """Bad input (a manifest, a config, a plugin name): exit code 2, no usage banner. The message
+    often quotes values from files, so it prints escaped (one line; no terminal escape gets through)."""
 
     exit_code = 2
+
+    def format_message(self) -> str:
+        from receipt_embed.display import printable
+
+        return printable(self.message)
 
 
 class Application:

@@ -10,6 +10,16 @@ from receipt_embed.cli.options import InputError, load_registry
 from receipt_embed.errors import BadInput
 
 
+def _folders_only(values):
+    """click's Path(file_okay=False) lets a FIFO or a device through: only folders are roots."""
+    import os
+
+    for value in values:
+        if not os.path.isdir(value):
+            raise click.BadParameter(f"{value!r} is not a folder", param_hint="--images-root")
+    return values
+
+
 @click.command("audit-shortcuts")
 @click.argument("index_dir", type=click.Path(file_okay=False))
 @click.option(
@@ -95,6 +105,7 @@ from receipt_embed.errors import BadInput
     "images_roots",
     multiple=True,
     type=click.Path(file_okay=False, exists=True),
+    callback=lambda ctx, param, values: _folders_only(values),
     help="Folder the gallery may read thumbnails from besides the dataset's capture folders "
     "(repeatable); images anywhere else are not read.",
 )

@@ -127,7 +127,7 @@ def index(
         for name in ("split", "features", "batch_size", "target_recall", "train_size")
         if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
-    if shard is None and factory.replace(" ", "") in ("Flat", "IDMap,Flat") and given & {"target_recall", "train_size"}:
+    if shard is None and factory.replace(" ", "") == "Flat" and given & {"target_recall", "train_size"}:
         click.echo(f"Warning: {factory} is exact: --target-recall and --train-size do not apply", err=True)
     try:
         if embeddings_file is not None:

@@ -11,6 +11,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from receipt_embed import samples
+from receipt_embed.cli.options import InputError
 from receipt_embed.errors import BadInput
 
 
@@ -51,11 +52,22 @@ from receipt_embed.errors import BadInput
     help="Capture the receipt scans in this folder instead of rendering receipts.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--force", is_flag=True, help="Replace a samples dir that make-samples wrote before.")
 @click.pass_context
 def make_samples(
-    ctx: click.Context, receipts: int, devices: int, seed: int, out_dir: Path, scans_dir: Path | None, quiet: bool
+    ctx: click.Context,
+    receipts: int,
+    devices: int,
+    seed: int,
+    out_dir: Path,
+    scans_dir: Path | None,
+    quiet: bool,
+    force: bool,
 ) -> None:
-    """Render synthetic receipts captured by simulated devices, with a manifest.csv."""
+    """Render synthetic receipts captured by simulated devices, with a manifest.csv.
+
+    OUT is written whole (staged beside, then swapped in) under a writer lock; an existing
+    OUT is replaced only with --force and only if make-samples wrote it (its samples.json)."""
     available = len(samples.DEVICES)
     if not 1 <= devices <= available:
         raise click.BadParameter(
@@ -77,18 +89,42 @@ def make_samples(
         raise click.BadParameter(f"must be at least 1, got {receipts}.", param_hint="--receipts")
 
     started = time.perf_counter()
-    with tqdm(
-        total=receipts * devices, unit="capture", file=sys.stderr, disable=quiet or not sys.stderr.isatty()
-    ) as bar:
-        try:
-            if scans_dir is not None:
-                manifest = samples.capture_scans(scans, out_dir, devices, seed, progress=bar.update)
-            else:
-                manifest = samples.make_samples(out_dir, receipts, devices, seed, progress=bar.update)
-        except BadInput as err:
-            raise click.UsageError(str(err)) from err
+    try:
+        manifest = _write_samples(out_dir, scans if scans_dir is not None else None, receipts, devices, seed, quiet,
+                                  force, scans_dir)  # fmt: skip
+    except click.ClickException:
+        raise
+    except BadInput as err:
+        raise InputError(str(err)) from None
     names = ", ".join(d.name for d in samples.select_devices(devices))
     click.echo(
         f"Wrote {receipts * devices} captures ({receipts} receipts x {devices} devices: {names}) "
         f"and {manifest} in {time.perf_counter() - started:.1f}s"
     )
+
+
+def _write_samples(out_dir: Path, scans, receipts: int, devices: int, seed: int, quiet: bool, force: bool, scans_dir):
+    """The set, written into a staging dir swapped in whole, with a samples.json saying how it was made."""
+    from receipt_embed.fileio import atomic_write_json
+    from receipt_embed.outdir import refuse_own_input, replace_dir
+
+    refuse_own_input(out_dir, {"scans folder": scans_dir})
+    with replace_dir(out_dir, "samples", force=force) as staging:
+        with tqdm(
+            total=receipts * devices, unit="capture", file=sys.stderr, disable=quiet or not sys.stderr.isatty()
+        ) as bar:
+            try:
+                if scans is not None:
+                    samples.capture_scans(scans, staging, devices, seed, progress=bar.update)
+                else:
+                    samples.make_samples(staging, receipts, devices, seed, progress=bar.update)
+            except BadInput as err:
+                raise click.UsageError(str(err)) from err
+        record = {
+            "receipts": receipts,
+            "devices": devices,
+            "seed": seed,
+            "from_scans": str(scans_dir) if scans_dir else None,
+        }
+        atomic_write_json(staging / "samples.json", record)
+    return out_dir / "manifest.csv"

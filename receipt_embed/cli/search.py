@@ -101,6 +101,8 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
         results = search_images(
             loaded_index, list(images), load_registry(ctx), k=k, threshold=threshold, checkpoint=checkpoint
         )
+    except BrokenPipeError:
+        raise  # a closed pipe (`| head`): click ends the command quietly
     except (IndexDirError, CheckpointError, ComponentError, OSError, BadInput) as exc:
         raise InputError(str(exc)) from None
     if as_json:
@@ -110,8 +112,13 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
 
 
 def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
-    """The pairs CSV replaces an existing file only with --force, and never goes into the index dir."""
+    """The pairs CSV replaces an existing file only with --force and only if it is a pairs CSV
+    (its header says so), and never goes inside the index dir or another dir replaced whole."""
     from pathlib import Path
+
+    from receipt_embed.indexing.search import PAIR_COLUMNS
+    from receipt_embed.outdir import refuse_nested
+    from receipt_embed.userfiles import open_regular
 
     if out_file == "-":
         return
@@ -121,11 +128,19 @@ def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
             f"--out {out_file} is inside the index dir {index_dir} this command reads; writing there "
             "would change the index dir: choose another --out"
         )
+    refuse_nested(out_file, "pairs")
     if Path(out_file).exists() or Path(out_file).is_symlink():
-        if not Path(out_file).is_file():
+        if Path(out_file).is_symlink() or not Path(out_file).is_file():
             raise InputError(f"--out {out_file} exists and is not a regular file: choose another --out")
         if not force:
             raise InputError(f"--out {out_file} already exists; pass --force to replace it, or choose another --out")
+        with open_regular(out_file, None) as handle:
+            first = handle.read(4096).split(b"\n", 1)[0].rstrip(b"\r")
+        if first != ",".join(PAIR_COLUMNS).encode():
+            raise InputError(
+                f"--out {out_file} is not a pairs CSV that search wrote (its first line is not the pairs header); "
+                "it is never replaced (not even with --force): choose another --out"
+            )
 
 
 def terminal_safe(row, on_terminal: bool):
@@ -170,8 +185,13 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
     if out_file == "-":
         write(sys.stdout, on_terminal=sys.stdout.isatty())
     else:
-        with atomic_open(out_file, "w") as handle:
-            write(handle)
+        from receipt_embed.locking import write_lock
+        from receipt_embed.outdir import clean_temporaries
+
+        with write_lock(out_file):  # one writer; SIGTERM removes the partial file and says so
+            clean_temporaries(out_file, log=lambda message: click.echo(f"Warning: {message}", err=True))
+            with atomic_open(out_file, "w") as handle:
+                write(handle)
     labelled = f": {counts['true']} same receipt, {counts['false']} different receipts" + (
         f", {counts['']} unlabelled" if counts[""] else ""
     )

@@ -15,6 +15,7 @@ from receipt_embed.indexing.factory import build_index
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
 from receipt_embed.locking import write_lock
 from receipt_embed.outdir import check_replaceable, refuse_own_input
+from receipt_embed.training.checkpoint import MAX_CHECKPOINT_BYTES
 
 # bookkeeping columns of a dataset dir's manifest.jsonl that say nothing about the capture
 # (mtime_ns only serves to detect files replaced since ingest)
@@ -27,7 +28,11 @@ def item_of(row: dict) -> dict:
 
 def checkpoint_source(checkpoint: str | Path) -> dict:
     checkpoint = Path(checkpoint).resolve()
-    return {"kind": "checkpoint", "checkpoint": str(checkpoint), "checkpoint_sha256": sha256_file(checkpoint)}
+    return {
+        "kind": "checkpoint",
+        "checkpoint": str(checkpoint),
+        "checkpoint_sha256": sha256_file(checkpoint, max_bytes=MAX_CHECKPOINT_BYTES),
+    }
 
 
 def index_dataset(

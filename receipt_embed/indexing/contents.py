@@ -126,6 +126,8 @@ def check_embeddings(embeddings: np.ndarray, embeddings_path: Path, error) -> No
     dtype = embeddings.dtype
     if dtype.fields is not None or dtype != np.float32:
         kind = "structured" if dtype.fields is not None else dtype.name
+        if dtype.fields is None and dtype.byteorder == ">":
+            kind = f"big-endian {kind}"  # else it would read "holds float32 values ...; stores float32"
         raise error(f"{embeddings_path} holds {kind} values (dtype {dtype.str}); an index dir stores float32")
     if embeddings.ndim != 2:
         raise error(f"{embeddings_path} has shape {embeddings.shape}; an index dir stores a 2-D (items x dim) array")

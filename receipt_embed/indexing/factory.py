@@ -18,7 +18,7 @@ import numpy as np
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.retrieval import l2_normalise
 
-EXACT_FACTORIES = ("Flat", "IDMap,Flat")
+EXACT_FACTORIES = ("Flat",)
 # candidate values for the one knob that trades speed for recall, in increasing cost
 KNOBS = {
     "nprobe": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
@@ -48,6 +48,11 @@ class BuiltIndex:
 def new_index(dim: int, factory: str):
     import faiss
 
+    if factory.replace(" ", "").upper().startswith("IDMAP"):
+        raise IndexBuildError(
+            f"factory {factory!r}: IDMap wrappers are not supported (an index dir's row number is each "
+            "item's id already); use the factory without IDMap, e.g. Flat or HNSW32"
+        )
     try:
         return faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:

@@ -14,6 +14,7 @@ import numpy as np
 
 from receipt_embed.errors import BadInput
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
+from receipt_embed.training.checkpoint import MAX_CHECKPOINT_BYTES
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
 
 # float32 cosine similarities of identical vectors can land a hair under 1.0: thresholds
@@ -57,7 +58,7 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
         raise IndexDirError(
             f"checkpoint {path} not found: {index_dir.path} was built with it; pass --checkpoint PATH if it moved"
         ) from None
-    if sha256_file(path) != source["checkpoint_sha256"]:
+    if sha256_file(path, max_bytes=MAX_CHECKPOINT_BYTES) != source["checkpoint_sha256"]:
         raise IndexDirError(
             f"checkpoint {path} is not the one that built {index_dir.path} (sha256 differs from index.json): "
             "its embeddings would not be comparable; rebuild the index or pass the original checkpoint"

@@ -17,6 +17,8 @@ from receipt_embed.fileio import atomic_open
 from receipt_embed.userfiles import UnusableFile, open_regular
 
 FORMAT_VERSION = 1
+# the largest torchvision backbone here (convnext) with its optimizer state is about 1 GB
+MAX_CHECKPOINT_BYTES = 8 * 1024**3
 
 
 class CheckpointError(BadInput, RuntimeError):
@@ -44,7 +46,7 @@ def _torch_load(path: Path, handle) -> object:
 def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     try:
-        handle = open_regular(path, None)  # a FIFO, device or folder is refused, never read
+        handle = open_regular(path, MAX_CHECKPOINT_BYTES)  # a FIFO, device, folder or huge file is refused
     except UnusableFile as exc:
         if exc.reason == "missing_file":
             raise CheckpointError(f"checkpoint not found: {path}") from None
@@ -129,8 +131,27 @@ def check_resumable(state: dict, path) -> None:
             raise CheckpointError(f"{path}: {key} is {_type_name(value)}, --resume needs {wanted}")
     if state.get("best") is not None and not isinstance(state["best"], dict):
         raise CheckpointError(f"{path}: best is {_type_name(state['best'])}, not a dict or None")
+    for key in ("epoch", "step"):
+        if state[key] < 0:
+            raise CheckpointError(f"{path}: {key} is {state[key]}; --resume needs a count of 0 or more")
+    _check_sums(state["sums"], path)
     if "momentum_model" in state:
         _check_tensor_dict(state["momentum_model"], "momentum_model", path)
+
+
+SUMS = {"loss": (int, float), "steps": (int,), "views": (int,), "seconds": (int, float)}
+
+
+def _check_sums(sums: dict, path) -> None:
+    """The running sums of the epoch in progress: numbers, none negative but the loss."""
+    for key, kinds in SUMS.items():
+        value = sums.get(key)
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise CheckpointError(f"{path}: sums.{key} is {_type_name(value)}, --resume needs a number")
+        if key != "loss" and value < 0:
+            raise CheckpointError(f"{path}: sums.{key} is {value}; --resume needs 0 or more")
+    if not isinstance(sums.get("loss_stats", {}), dict):
+        raise CheckpointError(f"{path}: sums.loss_stats is {_type_name(sums['loss_stats'])}, not a dict")
 
 
 def _shape(tensor) -> str:

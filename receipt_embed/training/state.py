@@ -48,6 +48,10 @@ def restore_state(trainer, state: dict, path: Path) -> None:
             target.load_state_dict(state[key])
         except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: {key} does not fit this run: {str(exc).strip().splitlines()[0]}") from None
+    if state["step"] > trainer.steps_per_epoch:
+        raise CheckpointError(
+            f"{path}: step is {state['step']}, but an epoch of this run has {trainer.steps_per_epoch} steps"
+        )
     trainer.epoch, trainer.step = state["epoch"], state["step"]
     trainer.sums = dict(state["sums"])
     trainer.best = state.get("best")
@@ -67,7 +71,7 @@ def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> None:
     if not metrics.exists():
         return
     rows, torn = read_jsonl_tail_tolerant(metrics)
-    bad = [n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or not isinstance(m.get("epoch"), int)]
+    bad = [n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or type(m.get("epoch")) is not int]
     if bad:
         raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
     kept = [m for m in rows if m["epoch"] <= epoch]

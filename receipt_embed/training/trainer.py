@@ -32,6 +32,7 @@ from receipt_embed.distributed import RankBatches, any_rank, init_from_env
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
 from receipt_embed.fileio import append_line, atomic_write_json
+from receipt_embed.locking import check_still_held
 from receipt_embed.training.checkpoint import save_checkpoint
 from receipt_embed.training.components import build_components
 from receipt_embed.training.resume import check_same_dataset, dataset_record, open_run
@@ -187,6 +188,11 @@ class Trainer(TrainingStep):
         result = TrainResult(self.run_dir)
         epochs = self.config.train.epochs
         loader = self._make_loader()
+        if self.epoch >= epochs:
+            self.log(
+                f"{self.run_dir} has trained {self.epoch} epoch(s), train.epochs is {epochs}: nothing to train "
+                "(raise it with --set train.epochs=N to train on)"
+            )
         with stop_on_signals() as received:
             while self.epoch < epochs:
                 self._train_epoch(loader, received)
@@ -248,6 +254,7 @@ class Trainer(TrainingStep):
         if len(self.val_set):
             recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
             line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)
+        check_still_held(self.run_dir)  # never two writers in one run dir, even if its lock file was deleted
         append_line(self.run_dir / METRICS_FILE, json.dumps(line))  # one write + fsync: a crash tears at most this line
         self._next_epoch()
         self._save_checkpoints(line)
@@ -294,6 +301,7 @@ class Trainer(TrainingStep):
             save_checkpoint(self.run_dir / BEST, state)
 
     def _save_last(self, state: dict) -> None:
+        check_still_held(self.run_dir)
         save_checkpoint(self.run_dir / LAST, state)
         if self.replacement is not None:
             self.replacement.checkpoint_written()

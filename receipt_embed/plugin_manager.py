@@ -1,272 +1,31 @@
-"""Plugin discovery: built-ins, then the ``receipt_embed`` entry-point group, then ``*.py``
-files in a plugins folder.
+"""Plugin discovery, once per process and set of options, and calling the pipeline's hooks.
 
-Built-ins are ordinary plugin modules registered through the same hooks as third-party
-plugins. Each plugin is loaded in its own try/except, so one broken plugin is reported by
-name and the rest still load (or, with ``strict``, the first failure is fatal).
-``RECEIPT_EMBED_DISABLE_PLUGINS`` (comma separated plugin names) blocks plugins before they
-load. Discovery happens once per process and set of options.
+``get_registry`` loads the built-ins, the entry points and (only when given) a plugins folder
+through :class:`~receipt_embed.plugin_loader.PluginLoader` and caches the result;
+``call_hook`` calls a hook on every plugin, one at a time, so a failing plugin only warns.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
-import inspect
 import os
-import sys
 import traceback
 import warnings
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pluggy
 
-from receipt_embed import hookspecs
-from receipt_embed.errors import BadInput
-from receipt_embed.kinds import KINDS
-from receipt_embed.registry import ComponentClash, PluginInfo, Registry
-from receipt_embed.userfiles import read_regular_text
-
-ENTRY_POINT_GROUP = "receipt_embed"
-DISABLE_ENV = "RECEIPT_EMBED_DISABLE_PLUGINS"
-DEFAULT_PLUGINS_DIR = "plugins"
-MAX_PLUGIN_BYTES = 8 * 1024 * 1024  # a plugin is a page of Python; anything far larger is not one
-
-BUILTIN_PLUGINS = (
-    "receipt_embed.builtins.augmentations",
-    "receipt_embed.builtins.encoders",
-    "receipt_embed.builtins.losses",
-    "receipt_embed.builtins.samplers",
+from receipt_embed.plugin_loader import (  # noqa: F401  (re-exported: the names plugin authors and tests use)
+    BUILTIN_PLUGINS,
+    DEFAULT_PLUGINS_DIR,
+    DISABLE_ENV,
+    ENTRY_POINT_GROUP,
+    PluginLoader,
+    PluginLoadError,
+    PluginLoadWarning,
+    disabled_plugins,
 )
-
-
-class PluginLoadError(BadInput, RuntimeError):
-    """A plugin failed to import or register (fatal only under --strict-plugins)."""
-
-
-class PluginLoadWarning(UserWarning):
-    """A plugin failed to load and was skipped."""
-
-
-def disabled_plugins() -> set[str]:
-    raw = os.environ.get(DISABLE_ENV, "")
-    return {name.strip() for name in raw.split(",") if name.strip()}
-
-
-def _register_signature(name, factory, description=""):
-    """The signature of the ``register`` callback every register_* hook receives."""
-
-
-REGISTER_SIGNATURE = inspect.signature(_register_signature)
-FOLDER_PACKAGE = "receipt_embed_folder_plugins"
-
-
-def _folder_package(folder: Path) -> str:
-    """The package a folder's plugins are imported under: one per folder, with the folder as
-    its path, so a plugin imports a helper of *its* folder relatively (``from ._shared import
-    x``) even when two folders both have a ``_shared.py``. Returns the package name."""
-    import hashlib
-    import re
-    import types
-
-    root = sys.modules.get(FOLDER_PACKAGE)
-    if root is None:
-        root = types.ModuleType(FOLDER_PACKAGE, "folder plugins of receipt-embed")
-        root.__path__ = []
-        sys.modules[FOLDER_PACKAGE] = root
-    folder = Path(folder).resolve()
-    tag = re.sub(r"\W", "_", folder.name) or "root"
-    name = f"{FOLDER_PACKAGE}.{tag}_{hashlib.sha1(str(folder).encode()).hexdigest()[:8]}"
-    if name not in sys.modules:
-        package = types.ModuleType(name, f"plugins in {folder}")
-        package.__path__ = [str(folder)]
-        sys.modules[name] = package
-    return name
-
-
-class PluginLoader:
-    """Loads plugins into a pluggy manager and records where each came from."""
-
-    def __init__(self, strict: bool = False, disabled: frozenset[str] | None = None):
-        self.strict = strict
-        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-        self.pm.add_hookspecs(hookspecs)
-        self.registry = Registry(plugin_manager=self.pm, strict=strict)
-        self.blocked_seen: set[str] = set()
-        self.disabled = frozenset(disabled_plugins() if disabled is None else disabled)
-        for name in self.disabled:
-            self.pm.set_blocked(name)
-
-    def _fail(self, name: str, exc: BaseException) -> None:
-        detail = (
-            str(exc)
-            if type(exc).__module__.split(".")[0] == "receipt_embed"  # our own messages read whole
-            else "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        )
-        self.registry.failures[name] = detail
-        if self.strict:
-            raise PluginLoadError(f"plugin {name!r} failed to load (--strict-plugins): {detail}") from exc
-        warnings.warn(f"plugin {name!r} failed to load and was skipped: {detail}", PluginLoadWarning, stacklevel=2)
-
-    def _blocked(self, name: str) -> bool:
-        if self.pm.is_blocked(name):
-            self.blocked_seen.add(name)
-            return True
-        return False
-
-    def _check_hook_names(self, module, name: str) -> None:
-        """A misspelled hook is an error with a suggestion; a hook-named function without
-        @hookimpl would be silently ignored by pluggy, so it gets a warning."""
-        import difflib
-
-        specs = {n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{hookspecs.PROJECT_NAME}_spec")}
-        for attr in dir(module):
-            value = getattr(module, attr, None)
-            if not callable(value) or getattr(value, "__module__", None) != module.__name__:
-                continue
-            marked = hasattr(value, f"{hookspecs.PROJECT_NAME}_impl")
-            if marked and attr not in specs:
-                close = difflib.get_close_matches(attr, sorted(specs), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(
-                    f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
-                )
-            if marked and attr in specs:
-                options = getattr(value, f"{hookspecs.PROJECT_NAME}_impl") or {}
-                if options.get("wrapper") or options.get("hookwrapper"):
-                    flag = "wrapper=True" if options.get("wrapper") else "hookwrapper=True"
-                    raise ValueError(
-                        f"{attr}() is a hook wrapper ({flag}); receipt-embed calls each plugin's hooks on their own "
-                        "(so one failing plugin cannot stop the others), which would skip a wrapper's body: "
-                        "use a plain @hookimpl"
-                    )
-                allowed = list(inspect.signature(getattr(hookspecs, attr)).parameters)
-                wrong = [
-                    a
-                    for a, p in inspect.signature(value).parameters.items()
-                    if a not in allowed
-                    and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
-                ]
-                if wrong:
-                    raise ValueError(
-                        f"{attr}() takes arguments named {', '.join(wrong)}; the hook offers "
-                        f"{', '.join(allowed)} (use those names, any subset)"
-                    )
-            if not marked and attr in specs:
-                warnings.warn(
-                    f"plugin {name!r} defines {attr}() without @hookimpl, so it is ignored; decorate it with "
-                    "receipt_embed.hookspecs.hookimpl",
-                    PluginLoadWarning,
-                    stacklevel=3,
-                )
-
-    def _register(self, module, info: PluginInfo) -> None:
-        if self._blocked(info.name):
-            return
-        try:
-            self._check_hook_names(module, info.name)
-            self.pm.register(module, name=info.name)
-            self.pm.check_pending()
-        except Exception as exc:  # a bad hookimpl must not take the others down
-            if self.pm.has_plugin(info.name):
-                self.pm.unregister(name=info.name)
-            self._fail(info.name, exc)
-            return
-        self.registry.plugins[info.name] = info
-
-    def load_builtins(self) -> None:
-        from receipt_embed.version import __version__
-
-        for module_name in BUILTIN_PLUGINS:
-            name = module_name.rsplit(".", 1)[-1]
-            info = PluginInfo(f"builtin.{name}", "builtin", module_name, __version__)
-            if self._blocked(info.name):
-                continue
-            self._register(importlib.import_module(module_name), info)
-
-    def load_entry_points(self) -> None:
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if self._blocked(ep.name):
-                continue
-            dist = getattr(ep, "dist", None)
-            info = PluginInfo(
-                ep.name,
-                "entry point",
-                f"{dist.name if dist else '?'}: {ep.value}",
-                dist.version if dist else None,
-            )
-            try:
-                module = ep.load()
-            except Exception as exc:
-                self._fail(ep.name, exc)
-                continue
-            self._register(module, info)
-
-    def load_folder(self, folder: Path, required: bool = False) -> None:
-        """Load ``folder/*.py``; a missing folder is fine unless the user named it."""
-        if not folder.is_dir():
-            if required and self.strict:  # a tracker plugin missing silently is what strict exists to prevent
-                raise PluginLoadError(f"plugins folder {folder} does not exist (--strict-plugins)")
-            if required:
-                warnings.warn(
-                    f"plugins folder {folder} does not exist; no folder plugins loaded", PluginLoadWarning, stacklevel=2
-                )
-            return
-        for path in sorted(folder.glob("*.py")):
-            name = path.stem
-            if name.startswith("_") or self._blocked(name):
-                continue
-            module_name = f"{_folder_package(folder)}.{name}"
-            try:
-                # read as a regular file first (capped): a FIFO or a link to /dev/zero here must not hang
-                source = read_regular_text(path, MAX_PLUGIN_BYTES)
-                spec = importlib.util.spec_from_file_location(module_name, path)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[module_name] = module
-                exec(compile(source, str(path), "exec"), module.__dict__)
-            except Exception as exc:
-                sys.modules.pop(module_name, None)
-                missing = getattr(exc, "name", None)
-                if isinstance(exc, ModuleNotFoundError) and missing and (folder / f"{missing}.py").is_file():
-                    exc = ModuleNotFoundError(
-                        f"{exc}; {missing}.py is in the plugins folder: import it relatively, "
-                        f"`from .{missing} import ...`"
-                    )
-                self._fail(name, exc)
-                continue
-            self._register(module, PluginInfo(name, "folder", str(path), getattr(module, "__version__", None)))
-
-    def collect_components(self) -> None:
-        """Call every plugin's register hooks with a callback bound to that plugin."""
-        for kind, spec in KINDS.items():
-            for impl in getattr(self.pm.hook, spec.hook).get_hookimpls():
-                plugin = impl.plugin_name
-                if plugin in self.registry.failures:
-                    continue
-
-                def register(*args, _kind=kind, _plugin=plugin, **kwargs):
-                    try:
-                        bound = REGISTER_SIGNATURE.bind(*args, **kwargs)
-                    except TypeError as exc:
-                        raise TypeError(f"register{REGISTER_SIGNATURE}: {exc}") from None
-                    bound.apply_defaults()
-                    self.registry.add(_kind, _plugin, **bound.arguments)
-
-                try:
-                    impl.function(register=register)
-                except ComponentClash:
-                    raise  # two plugins claim one name: the user has to choose
-                except Exception as exc:
-                    self.registry.drop_plugin(plugin)
-                    self._fail(plugin, exc)
-
-    def warn_unknown_disabled(self) -> None:
-        """A name in RECEIPT_EMBED_DISABLE_PLUGINS that matched no plugin is probably a typo."""
-        seen = set(self.registry.plugins) | set(self.registry.failures) | self.blocked_seen
-        for name in sorted(self.disabled - seen):
-            warnings.warn(f"{DISABLE_ENV} names {name!r}, which is not a plugin here", PluginLoadWarning, stacklevel=2)
+from receipt_embed.registry import Registry
 
 
 class PluginHookWarning(UserWarning):

@@ -176,7 +176,7 @@ def load_plugin(path):
     import sys
     from pathlib import Path
 
-    from receipt_embed.plugin_manager import _folder_package
+    from receipt_embed.plugin_loader import _folder_package
 
     path = Path(path).resolve()
     name = f"{_folder_package(path.parent)}.{path.stem}"

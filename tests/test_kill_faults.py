@@ -71,7 +71,7 @@ def kill_after(child: subprocess.Popen, delay: float, after_a_swap: bool = False
 def test_kill_9_during_index_writes_leaves_the_old_or_the_new_index(tmp_path):
     from receipt_embed.indexing import index_embeddings, load_index_dir
     from receipt_embed.indexing.index_dir import sha256_file
-    from receipt_embed.outdir import leftovers
+    from receipt_embed.staging import leftovers
 
     old = write_embeddings(tmp_path, "old", 3000, dim=64)
     new = write_embeddings(tmp_path, "new", 4000, dim=64, seed=1)

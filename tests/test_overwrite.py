@@ -288,7 +288,7 @@ def test_only_our_own_leftovers_of_a_dead_writer_are_removed(tmp_path, recwarn):
     are never deleted, and nothing is reported for them on every later write."""
     import os
 
-    from receipt_embed.outdir import clean_leftovers
+    from receipt_embed.staging import clean_leftovers
     from receipt_embed.training.replacement import leftovers_of, settle_leftovers
 
     dead = _dead_pid()

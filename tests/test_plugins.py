@@ -440,16 +440,16 @@ def test_plugins_dir_from_config(cli, tmp_path):
 def test_discovery_happens_once_per_process(tmp_path, monkeypatch):
     """Every command asks for the registry; plugins are discovered the first time only, and
     the plugin manager the hooks are called through is the one that discovery built."""
-    from receipt_embed import plugin_manager
+    from receipt_embed import plugin_loader, plugin_manager
 
     calls = []
-    real = plugin_manager.entry_points
+    real = plugin_loader.entry_points
 
     def counting(**kwargs):
         calls.append(kwargs)
         return real(**kwargs)
 
-    monkeypatch.setattr(plugin_manager, "entry_points", counting)
+    monkeypatch.setattr(plugin_loader, "entry_points", counting)
     plugin_manager._load.cache_clear()
     try:
         first = plugin_manager.get_registry(tmp_path)

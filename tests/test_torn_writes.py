@@ -150,7 +150,7 @@ def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
 
 def test_a_swap_cut_in_half_is_repaired_by_the_next_writer(tmp_path):
     from receipt_embed.indexing import load_index_dir
-    from receipt_embed.outdir import replace_dir
+    from receipt_embed.staging import replace_dir
 
     x, manifest = write_embeddings(tmp_path, "e", 12)
     index = tmp_path / "ix"
@@ -171,7 +171,7 @@ def test_a_swap_cut_in_half_is_repaired_by_the_next_writer(tmp_path):
 
 
 def test_the_fallback_swap_without_renameat2_replaces_the_dir(tmp_path, monkeypatch):
-    import receipt_embed.outdir as outdir
+    import receipt_embed.staging as outdir
 
     out = tmp_path / "audit"
     for text in ("old", "new"):

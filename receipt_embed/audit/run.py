@@ -81,7 +81,8 @@ def run_audit(
     be, or hold, the index dir."""
     from receipt_embed.indexing.index_dir import read_meta
     from receipt_embed.locking import write_lock
-    from receipt_embed.outdir import check_replaceable, refuse_own_input, replace_dir
+    from receipt_embed.outdir import check_replaceable, refuse_own_input
+    from receipt_embed.staging import replace_dir
 
     out = Path(out)
     if out.exists() and not out.is_dir():

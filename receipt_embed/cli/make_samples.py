@@ -106,7 +106,8 @@ def make_samples(
 def _write_samples(out_dir: Path, scans, receipts: int, devices: int, seed: int, quiet: bool, force: bool, scans_dir):
     """The set, written into a staging dir swapped in whole, with a samples.json saying how it was made."""
     from receipt_embed.fileio import atomic_write_json
-    from receipt_embed.outdir import refuse_own_input, replace_dir
+    from receipt_embed.outdir import refuse_own_input
+    from receipt_embed.staging import replace_dir
 
     refuse_own_input(out_dir, {"scans folder": scans_dir})
     with replace_dir(out_dir, "samples", force=force) as staging:

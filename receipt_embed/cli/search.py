@@ -186,7 +186,7 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
         write(sys.stdout, on_terminal=sys.stdout.isatty())
     else:
         from receipt_embed.locking import write_lock
-        from receipt_embed.outdir import clean_temporaries
+        from receipt_embed.staging import clean_temporaries
 
         with write_lock(out_file):  # one writer; SIGTERM removes the partial file and says so
             clean_temporaries(out_file, log=lambda message: click.echo(f"Warning: {message}", err=True))

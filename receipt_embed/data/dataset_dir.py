@@ -38,7 +38,7 @@ class Captures:
 def load_dataset_dir(path: str | Path) -> list[dict]:
     """All rows of ``DATASET_DIR/manifest.jsonl``; a missing file says how to make one. A
     dataset dir swapped for a new copy by ``ingest --force`` while it was read is read again."""
-    from receipt_embed.outdir import consistent_read
+    from receipt_embed.staging import consistent_read
 
     return consistent_read(_load_dataset_dir_once, path)
 

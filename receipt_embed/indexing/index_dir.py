@@ -100,10 +100,10 @@ def write_index_dir(
 ) -> dict:
     """Write the four files of an index dir; returns the index.json written.
 
-    The files go to a staging sibling that replaces ``out`` in one swap (``outdir.replace_dir``),
+    The files go to a staging sibling that replaces ``out`` in one swap (``staging.replace_dir``),
     under ``out``'s writer lock: a reader, a kill or a full disk sees the old index or the new
     one. An existing index dir is replaced only with ``force``."""
-    from receipt_embed.outdir import replace_dir
+    from receipt_embed.staging import replace_dir
 
     if len(items) != len(embeddings) or built.index.ntotal != len(embeddings):
         raise BadInput(
@@ -278,6 +278,6 @@ _load_index_dir_once = load_index_dir  # the checks live there; this wrapper onl
 def load_index_dir(path: str | Path, *args, **kwargs) -> IndexDir:  # noqa: F811
     """Load an index dir, checking every file against index.json (``verify``); a dir swapped
     for a new copy while it was read is read again, so the result is one copy, never a mix."""
-    from receipt_embed.outdir import consistent_read
+    from receipt_embed.staging import consistent_read
 
     return consistent_read(_load_index_dir_once, path, *args, **kwargs)

@@ -40,8 +40,8 @@ def shard_rows(total: int, shard: int, shards: int) -> tuple[int, int]:
 
 
 def write_shard(out: str | Path, vectors: np.ndarray, items: list[dict], meta: dict, force: bool = False) -> dict:
-    """A shard dir, written beside the old one and swapped in whole (``outdir.replace_dir``)."""
-    from receipt_embed.outdir import replace_dir
+    """A shard dir, written beside the old one and swapped in whole (``staging.replace_dir``)."""
+    from receipt_embed.staging import replace_dir
 
     if (Path(out) / "index.json").exists():
         raise BadInput(f"--out {out} holds an index dir; write the shard to its own dir")

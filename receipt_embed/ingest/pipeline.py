@@ -37,7 +37,8 @@ from receipt_embed.ingest.manifest import (
 )
 from receipt_embed.ingest.splits import SPLITS, assign_splits
 from receipt_embed.locking import write_lock
-from receipt_embed.outdir import check_replaceable, refuse_own_input, replace_dir
+from receipt_embed.outdir import check_replaceable, refuse_own_input
+from receipt_embed.staging import replace_dir
 from receipt_embed.userfiles import UnusableFile, open_regular
 
 MANIFEST_FILE = "manifest.jsonl"

@@ -29,7 +29,7 @@ def run_entries(run_dir: Path) -> list[str]:
 def _aside_dirs(run_dir: Path) -> list[Path]:
     """Siblings ``.NAME.old-PID`` a killed ``--force`` writer left: real folders (not links) of a PID
     no longer running that hold a run's files; a user's folder with such a name is never touched."""
-    from receipt_embed.outdir import _pid_running
+    from receipt_embed.staging import _pid_running
 
     if not run_dir.parent.is_dir():
         return []

@@ -115,7 +115,7 @@ def index(
     index); an existing index dir needs --force; a dir of another kind, or one holding the
     inputs, is never replaced."""
     from receipt_embed.config import ConfigError
-    from receipt_embed.indexing import IndexBuildError, index_dataset, index_embeddings
+    from receipt_embed.indexing import IndexBuildError
     from receipt_embed.ingest.manifest import ManifestError
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
@@ -124,88 +124,93 @@ def index(
     options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log, "force": force}
     given = {
         name
-        for name in ("split", "features", "batch_size", "target_recall", "train_size")
+        for name in ("split", "features", "batch_size", "target_recall", "train_size", "factory")
         if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
     if shard is None and factory.replace(" ", "") == "Flat" and given & {"target_recall", "train_size"}:
         click.echo(f"Warning: {factory} is exact: --target-recall and --train-size do not apply", err=True)
+    images = {
+        "split": split,
+        "features": features,
+        "batch_size": batch_size,
+        "progress": not quiet and sys.stderr.isatty(),
+    }
     try:
         if embeddings_file is not None:
-            images_only = [
-                f"--{name.replace('_', '-')}" for name in ("split", "features", "batch_size") if name in given
-            ]
-            if shard is not None:
-                raise InputError("--shard splits the embedding of images; external --embeddings are already made")
-            if checkpoint or data_dir or images_only:
-                raise InputError(
-                    "--embeddings takes --manifest; "
-                    + ", ".join(["--checkpoint"] * bool(checkpoint) + ["--data"] * bool(data_dir) + images_only)
-                    + " are for embedding images"
-                )
-            if manifest is None:
-                raise InputError("--embeddings needs --manifest: the captures its rows belong to, in order")
-            meta = index_embeddings(embeddings_file, manifest, out_dir, **options)
+            meta = _index_external(embeddings_file, manifest, out_dir, checkpoint, data_dir, shard, given, options)
+        elif shard is not None:
+            _index_shard(ctx, checkpoint, data_dir, manifest, out_dir, shard, given, images, log, force)
+            return
         else:
-            if manifest is not None:
-                raise InputError("--manifest goes with --embeddings; to embed images use --checkpoint and --data")
-            if not checkpoint or not data_dir:
-                raise InputError("give --checkpoint and --data (or --embeddings with --manifest)")
-            registry = load_registry(ctx)
-            if shard is not None:
-                from receipt_embed.indexing.shards import parse_shard
-
-                merge_options = [
-                    f"--{name.replace('_', '-')}"
-                    for name in ("factory", "target_recall", "train_size")
-                    if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
-                ]
-                if merge_options:
-                    raise InputError(
-                        f"{', '.join(merge_options)} belong(s) to `index-merge`: a shard holds vectors, "
-                        "the merge builds the index"
-                    )
-                meta = index_dataset(
-                    checkpoint,
-                    data_dir,
-                    out_dir,
-                    registry,
-                    split=split,
-                    features=features,
-                    batch_size=batch_size,
-                    progress=not quiet and sys.stderr.isatty(),
-                    shard=parse_shard(shard),
-                    log=log,
-                    force=force,
-                )
-                click.echo(
-                    f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
-                    f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`"
-                )
-                return
-            meta = index_dataset(
-                checkpoint,
-                data_dir,
-                out_dir,
-                registry,
-                split=split,
-                features=features,
-                batch_size=batch_size,
-                progress=not quiet and sys.stderr.isatty(),
-                **options,
-            )
+            _check_image_inputs(checkpoint, data_dir, manifest)
+            meta = _index_images(ctx, checkpoint, data_dir, out_dir, images, options)
     except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, BadInput) as exc:
         raise InputError(str(exc)) from None
-    params = printable(meta["search_params"] or "no search parameter")
-    recall = (
-        ""
-        if meta["exact"]
-        else (
-            f", recall@10 {meta['recall_at_10']:.3f} against exact search ({params}"
-            + (f", below the target {target_recall}" if meta["recall_at_10"] < target_recall else "")
-            + ")"
+    click.echo(_summary(meta, out_dir, target_recall))
+
+
+def _index_external(embeddings_file, manifest, out_dir, checkpoint, data_dir, shard, given, options) -> dict:
+    """An index dir from embeddings made elsewhere, after refusing the options that embed images."""
+    from receipt_embed.indexing import index_embeddings
+
+    images_only = [f"--{name.replace('_', '-')}" for name in ("split", "features", "batch_size") if name in given]
+    if shard is not None:
+        raise InputError("--shard splits the embedding of images; external --embeddings are already made")
+    if checkpoint or data_dir or images_only:
+        raise InputError(
+            "--embeddings takes --manifest; "
+            + ", ".join(["--checkpoint"] * bool(checkpoint) + ["--data"] * bool(data_dir) + images_only)
+            + " are for embedding images"
         )
+    if manifest is None:
+        raise InputError("--embeddings needs --manifest: the captures its rows belong to, in order")
+    return index_embeddings(embeddings_file, manifest, out_dir, **options)
+
+
+def _check_image_inputs(checkpoint, data_dir, manifest) -> None:
+    if manifest is not None:
+        raise InputError("--manifest goes with --embeddings; to embed images use --checkpoint and --data")
+    if not checkpoint or not data_dir:
+        raise InputError("give --checkpoint and --data (or --embeddings with --manifest)")
+
+
+def _index_images(ctx, checkpoint, data_dir, out_dir, images, options) -> dict:
+    from receipt_embed.indexing import index_dataset
+
+    return index_dataset(checkpoint, data_dir, out_dir, load_registry(ctx), **images, **options)
+
+
+def _index_shard(ctx, checkpoint, data_dir, manifest, out_dir, shard, given, images, log, force) -> None:
+    """One slice of the captures embedded into a shard dir (`index-merge` builds the index)."""
+    from receipt_embed.indexing import index_dataset
+    from receipt_embed.indexing.shards import parse_shard
+
+    _check_image_inputs(checkpoint, data_dir, manifest)
+    registry = load_registry(ctx)
+    merge_options = [
+        f"--{name.replace('_', '-')}" for name in ("factory", "target_recall", "train_size") if name in given
+    ]
+    if merge_options:
+        raise InputError(
+            f"{', '.join(merge_options)} belong(s) to `index-merge`: a shard holds vectors, the merge builds the index"
+        )
+    meta = index_dataset(
+        checkpoint, data_dir, out_dir, registry, **images, shard=parse_shard(shard), log=log, force=force
     )
     click.echo(
+        f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
+        f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`"
+    )
+
+
+def _summary(meta: dict, out_dir, target_recall: float) -> str:
+    """The line `index` ends with: what was indexed, and how exact the search is."""
+    recall = ""
+    if not meta["exact"]:
+        params = printable(meta["search_params"] or "no search parameter")
+        below = f", below the target {target_recall}" if meta["recall_at_10"] < target_recall else ""
+        recall = f", recall@10 {meta['recall_at_10']:.3f} against exact search ({params}{below})"
+    return (
         f"Indexed {meta['count']} items of dim {meta['dim']} with {printable(meta['factory'])}{recall} -> "
         f"{printable(out_dir)}"
     )

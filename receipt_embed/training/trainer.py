@@ -35,6 +35,7 @@ from receipt_embed.fileio import append_line, atomic_write_json
 from receipt_embed.locking import check_still_held
 from receipt_embed.training.checkpoint import save_checkpoint
 from receipt_embed.training.components import build_components
+from receipt_embed.training.metrics import describe_epoch, epoch_line, fresh_sums
 from receipt_embed.training.resume import check_same_dataset, dataset_record, open_run
 from receipt_embed.training.rundir import BEST, CONFIG_FILE, DATA_FILE, LAST, METRICS_FILE
 from receipt_embed.training.schedule import lr_schedule
@@ -55,23 +56,6 @@ class TrainResult:
     metrics: list[dict] = field(default_factory=list)
     best_epoch: int | None = None
     best_recall_at_1: float | None = None
-
-
-def fresh_sums() -> dict:
-    """What an epoch adds up as it goes (kept in checkpoints, so a resumed epoch reports it whole)."""
-    return {"loss": 0.0, "steps": 0, "views": 0, "seconds": 0.0}
-
-
-def describe_epoch(line: dict) -> str:
-    """The one line printed per epoch."""
-    text = f"epoch {line['epoch']}: loss {line['loss']:.4f}, {line['views_per_s']:.0f} views/s"
-    if "val" in line:
-        v = line["val"]
-        text += (
-            f", val recall@1 backbone {v['backbone']['recall_at_1']:.3f} / head {v['head']['recall_at_1']:.3f}"
-            f", eff. rank {v['diagnostics']['head']['effective_rank']:.1f}"
-        )
-    return text
 
 
 class Trainer(TrainingStep):
@@ -263,25 +247,7 @@ class Trainer(TrainingStep):
 
     def _epoch_line(self) -> dict:
         """The epoch's training figures (``val`` is added by evaluation)."""
-        sums = self.sums
-        line = {
-            "epoch": self.epoch + 1,
-            "steps": sums["steps"],
-            "loss": sums["loss"] / max(sums["steps"], 1),
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "views_per_s": sums["views"] / max(sums["seconds"], 1e-9),
-            "train_seconds": sums["seconds"],
-            "sampler": dict(getattr(self.sampler, "stats", {})),
-        }
-        if "loss_stats" in sums:
-            line["loss_stats"] = sums["loss_stats"]
-        line["world_size"] = self.ctx.world_size
-        if self.ctx.distributed and self.rank_batches is not None and sums["steps"]:
-            # the loader may run ahead of training by a few prefetched batches; the count
-            # is per global batch drawn this epoch
-            line["global_unique_identities_per_step"] = self.rank_batches.unique_identities / sums["steps"]
-            self.rank_batches.unique_identities = 0
-        return line
+        return epoch_line(self.epoch, self.sums, self.optimizer, self.sampler, self.ctx, self.rank_batches)
 
     def _next_epoch(self) -> None:
         self.epoch += 1

@@ -491,8 +491,14 @@ def test_all_pairs_out_never_replaces_a_file_without_force(tmp_path):
         inside = run_cli(*common, target, "--force")
         assert inside.returncode == 2 and "is inside the index dir" in inside.stderr, inside.stderr
     assert {p.name: p.read_bytes() for p in index.iterdir()} == before
-    forced = run_cli(*common, mine, "--force")
-    assert forced.returncode == 0 and mine.read_text().startswith("row_a,"), forced.stderr
+    # --force replaces a pairs CSV, never a file of the user's (round 3 of the attack: nor a checkpoint)
+    kept = run_cli(*common, mine, "--force")
+    assert kept.returncode == 2 and "is not a pairs CSV that search wrote" in kept.stderr, kept.stderr
+    assert mine.read_text() == "my own table\n"
+    pairs = tmp_path / "pairs.csv"
+    assert run_cli(*common, pairs).returncode == 0
+    forced = run_cli(*common, pairs, "--force")
+    assert forced.returncode == 0 and pairs.read_text().startswith("row_a,"), forced.stderr
 
 
 def test_all_pairs_on_a_terminal_escapes_control_characters(tmp_path):

@@ -124,7 +124,8 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     torn last line (see :func:`read_jsonl_tail_tolerant`), never a torn line mid-file."""
     data = (line.rstrip("\n") + "\n").encode("utf-8")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o666)
         try:
             written = os.write(fd, data)
             if written != len(data):  # only a full disk (or a signal) cuts a small append short
@@ -136,6 +137,10 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     except OSError as exc:
         if is_disk_full(exc):
             raise DiskFull(path, free_bytes(path)) from None
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: never append to a file a planted link points at
+            raise BadInput(
+                f"{path} is a symbolic link; a file receipt-embed appends to is never written through a link"
+            ) from None
         raise
 
 

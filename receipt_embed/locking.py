@@ -235,7 +235,11 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         finally:
             del _held[key]
             _descriptors.pop(key, None)
-            path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
+            try:  # only our own lock file: one that replaced it (after a deletion) is another writer's
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    path.unlink(missing_ok=True)  # under the flock: a waiting opener re-checks the inode
+            except FileNotFoundError:
+                pass
     finally:
         os.close(fd)
 

@@ -126,7 +126,7 @@ def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
     refuse_nested(out, kind)
     if Path(out).is_symlink():
         raise BadInput(
-            f"{out} is a symbolic link (to {os.readlink(out)}); an output dir is never replaced through a link: "
+            f"{out} is a symbolic link (to {os.readlink(Path(out))}); an output dir is never replaced through a link: "
             "give the folder itself as --out"
         )
     found = dir_kind(out)

@@ -75,7 +75,11 @@ def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> 
 
 def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
     """The folder the CLI loads: the one named, else ``./plugins``."""
-    return Path(plugins_dir if plugins_dir is not None else DEFAULT_PLUGINS_DIR).resolve()
+    folder = Path(plugins_dir if plugins_dir is not None else DEFAULT_PLUGINS_DIR)
+    try:
+        return folder.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: loading then finds no folder there, and says so
+        return Path(os.path.abspath(folder))
 
 
 @functools.lru_cache(maxsize=8)
@@ -94,7 +98,7 @@ def _load(
 
 
 def _cached(plugins_dir, strict: bool, dir_required: bool | None):
-    folder = Path(plugins_dir).resolve() if plugins_dir is not None else None
+    folder = resolve_plugins_dir(plugins_dir) if plugins_dir is not None else None
     required = folder is not None if dir_required is None else dir_required
     return _load(folder, strict, frozenset(disabled_plugins()), required)
 

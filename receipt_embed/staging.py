@@ -24,7 +24,7 @@ from pathlib import Path
 
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
 from receipt_embed.locking import write_lock
-from receipt_embed.outdir import MARKERS, check_replaceable, dir_kind
+from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind
 
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -46,9 +46,22 @@ def leftovers(out: str | os.PathLike) -> list[Path]:
         pid = path.name.rsplit("-", 1)[1]
         if not pid.isdigit() or _pid_running(int(pid)) or path.is_symlink() or not path.is_dir():
             continue
-        if dir_kind(path) in (None, *MARKERS):
+        if dir_kind(path) in (None, *MARKERS) or _only_our_names(path):
             found.append(path)
     return sorted(found)
+
+
+# every top-level name a dir of ours may hold; a staging copy killed part-way holds some of them
+OUR_NAMES = {
+    *(name.split("/")[0] for names in MARKERS.values() for name in names),
+    *(name for names in PARTIAL.values() for name in names),
+    "images",
+    "audit",
+}
+
+
+def _only_our_names(path: Path) -> bool:
+    return all(entry.name in OUR_NAMES or entry.name.startswith(".") for entry in path.iterdir())
 
 
 def _pid_running(pid: int) -> bool:

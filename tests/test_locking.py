@@ -258,3 +258,16 @@ def test_train_stops_when_its_lock_file_is_deleted_mid_run(tmp_path):
     assert f"the lock file {tmp_path / '.run.lock'} of {run} was removed or replaced" in result.stderr
     epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1], "nothing is written after the lock is lost"
+
+
+def test_a_writer_never_deletes_a_lock_file_that_replaced_its_own(tmp_path):
+    """Round 4 of the attack: a writer whose lock file was deleted and taken by another removed
+    the other writer's lock on its way out."""
+    from receipt_embed.locking import lock_path, write_lock
+
+    out = tmp_path / "run"
+    with write_lock(out):
+        lock_path(out).unlink()
+        lock_path(out).write_text('{"pid": 1}')  # as the second writer's new lock would be
+        theirs = lock_path(out).stat().st_ino
+    assert lock_path(out).exists() and lock_path(out).stat().st_ino == theirs

@@ -396,3 +396,39 @@ def test_an_out_given_as_a_symlink_is_refused_not_swapped_away(cli, tmp_path, da
     assert result.returncode == 2 and f"{tmp_path / 'link'} is a symbolic link (to {real})" in result.stderr
     assert (tmp_path / "link").is_symlink() and tree_digest(real) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+
+
+def test_partial_staging_copies_of_killed_writers_are_removed(tmp_path):
+    """Round 4 of the attack: a samples or dataset staging copy killed before its marker file was
+    written was never removed."""
+    from receipt_embed.staging import clean_leftovers
+
+    dead = _dead_pid()
+    samples = tmp_path / f".ms.staging-{dead}"
+    (samples / "images").mkdir(parents=True)
+    (samples / "images" / "r0000_phone_a.jpg").write_bytes(b"half")
+    dataset = tmp_path / f".ds.staging-{dead}"
+    dataset.mkdir()
+    (dataset / "manifest.jsonl").write_text("{}\n")
+    for name in ("ms", "ds"):
+        with pytest.warns(UserWarning, match=rf"removed 1 leftover\(s\) .*\.{name}\.staging-{dead}"):
+            clean_leftovers(tmp_path / name)
+    assert not samples.exists() and not dataset.exists()
+
+
+def test_a_run_dir_whose_files_are_links_is_never_written_through(cli, tmp_path, dataset):
+    """Round 4 of the attack: a metrics.jsonl or checkpoints/ link planted in a run dir made
+    `train --resume` append or write outside it."""
+    import os
+
+    from conftest import train_tiny
+
+    _, _ = train_tiny(tmp_path / "t")
+    run = tmp_path / "t" / "run"
+    outside = tmp_path / "outside.txt"
+    outside.write_text("a file elsewhere\n")
+    os.rename(run / "metrics.jsonl", tmp_path / "metrics.bak")
+    os.symlink(outside, run / "metrics.jsonl")
+    result = cli("train", "--out", run, "--resume", "-q", "--set", "train.epochs=2")
+    assert result.returncode == 2 and f"{run / 'metrics.jsonl'} is a symbolic link" in result.stderr, result.stderr
+    assert outside.read_text() == "a file elsewhere\n"

@@ -69,6 +69,9 @@ def _to_grayscale_input(trunk: nn.Module) -> None:
     setattr(parent, attr, gray)
 
 
+MAX_PRETRAINED_BYTES = 2 * 1024**3  # the largest torchvision backbone here is a few hundred MB
+
+
 def read_weights_file(path: Path) -> dict:
     """A state dict from a local weights file; a text file, a .npy or a device is one line naming
     it (not torch's IndexError or its multi-line weights_only advice)."""
@@ -78,7 +81,7 @@ def read_weights_file(path: Path) -> dict:
     from receipt_embed.userfiles import UnusableFile, read_regular
 
     try:
-        data = read_regular(path, None)
+        data = read_regular(path, MAX_PRETRAINED_BYTES)  # read whole: capped, so a huge file is named, not loaded
     except UnusableFile as exc:
         if exc.reason == "missing_file":
             raise FileNotFoundError(f"pretrained weights file not found: {path}") from None

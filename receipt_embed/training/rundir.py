@@ -97,6 +97,12 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
     from receipt_embed.outdir import refuse_nested
 
     refuse_nested(run_dir, "run")
+    for name in ("checkpoints", METRICS_FILE, DATA_FILE):  # written into or appended to: never through a link
+        if (Path(run_dir) / name).is_symlink():
+            raise BadInput(
+                f"{Path(run_dir) / name} is a symbolic link; a run dir's files are never written through a link "
+                "(remove the link, or choose another --out)"
+            )
     if is_sweep_dir(run_dir) if sweep else is_run_dir(run_dir):
         return
     if Path(run_dir).is_dir() and not Path(run_dir).is_symlink():

@@ -380,3 +380,25 @@ def test_idmap_factories_are_refused_in_one_line(small_index, tmp_path):
         )
         _one_clean_error(result, "IDMap wrappers are not supported")
         assert not (tmp_path / "ix").exists()
+
+
+def test_resume_refuses_a_checkpoint_ahead_of_its_runs_log(trained, tmp_path):
+    """Round 4 of the attack: epoch=10**12 in last.pt was resumed ("nothing to train")."""
+    run = tmp_path / "run"
+    shutil.copytree(trained / "run", run)
+    last = run / "checkpoints" / "last.pt"
+    _tampered_checkpoint(last, last, lambda s: s.update(epoch=10**12))
+    result = run_cli("train", "--data", trained / "dataset", "--out", run, "--resume", "-q", "--set", "train.epochs=3")
+    _one_clean_error(result, str(last), "epoch is 1000000000000, but", "records epochs up to 1")
+
+
+def test_a_head_too_large_for_memory_is_refused_before_it_is_built(trained, tmp_path):
+    """Round 4 of the attack: sizes each within bounds whose product is 137 GB of weights."""
+    overrides = {"grid": [64, 64], "pooling": "grid", "head_hidden": 65536}
+    path = _tampered_checkpoint(
+        trained / "run" / "checkpoints" / "best.pt",
+        tmp_path / "big.pt",
+        lambda s: s["config"]["model"].update(overrides),
+    )
+    result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "ix", "-q")
+    _one_clean_error(result, "the projection head would have", "lower model.head_hidden or model.grid")

@@ -13,6 +13,8 @@ from receipt_embed.kinds import KINDS
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
 from receipt_embed.registry import ComponentError, plugin_errors
 
+MAX_HEAD_PARAMETERS = 2**28  # about 1 GiB of float32: far beyond any receipt model, within this machine
+
 
 def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embedder:
     """Encoder plugin + projection head, as the config describes them. ``from_checkpoint``:
@@ -26,6 +28,13 @@ def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embe
             f"encoder {config.model.encoder!r} (from plugin {plugin!r}) built an object of type "
             f"{type(encoder).__name__} that is not a torch.nn.Module with an integer feature_dim "
             "(see docs/plugins.md)"
+        )
+    head = encoder.feature_dim * config.model.head_hidden + config.model.head_hidden * config.model.head_dim
+    if head > MAX_HEAD_PARAMETERS:  # each size may be in bounds and their product still not fit in memory
+        raise ComponentError(
+            f"the projection head would have {head:,} weights ({encoder.feature_dim} features from encoder "
+            f"{config.model.encoder!r} x model.head_hidden {config.model.head_hidden}, then x model.head_dim "
+            f"{config.model.head_dim}), over the limit of {MAX_HEAD_PARAMETERS:,}: lower model.head_hidden or model.grid"
         )
     model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
     set_batchnorm_momentum(model, config.model.bn_momentum)

@@ -74,6 +74,12 @@ def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> None:
     bad = [n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or type(m.get("epoch")) is not int]
     if bad:
         raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
+    logged = max((m["epoch"] for m in rows), default=0)
+    if epoch > logged:  # last.pt is saved after its epoch's line: a checkpoint ahead of the log is not this run's
+        raise CheckpointError(
+            f"{Path(run_dir) / 'checkpoints' / 'last.pt'}: epoch is {epoch}, but {metrics} records epochs up to "
+            f"{logged}; the checkpoint does not belong to this run's log"
+        )
     kept = [m for m in rows if m["epoch"] <= epoch]
     if torn or len(kept) < len(rows):
         atomic_write_jsonl(metrics, kept)

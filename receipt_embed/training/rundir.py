@@ -100,8 +100,8 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
     for name in ("checkpoints", METRICS_FILE, DATA_FILE):  # written into or appended to: never through a link
         if (Path(run_dir) / name).is_symlink():
             raise BadInput(
-                f"{Path(run_dir) / name} is a symbolic link; a run dir's files are never written through a link "
-                "(remove the link, or choose another --out)"
+                f"{Path(run_dir) / name} is a symbolic link, not a regular file or folder of the run; a run dir's "
+                "files are never written through a link (remove the link, or choose another --out)"
             )
     if is_sweep_dir(run_dir) if sweep else is_run_dir(run_dir):
         return

@@ -417,6 +417,7 @@ def _deep(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+@pytest.mark.slow  # trains: a long run, kept out of the default suite (-m slow runs it)
 def test_deeply_nested_json_is_one_error_naming_the_file(small_dataset, tmp_path):
     deep = tmp_path / "deep.jsonl"
     deep.write_text('{"path": "a.jpg", "receipt_id": "r", "device": "d", "x": ' + _deep(200_000) + "}\n")

@@ -237,6 +237,7 @@ def test_a_writer_whose_lock_file_was_deleted_stops_before_writing_again(tmp_pat
     check_still_held(out)  # not held by this process: nothing to compare
 
 
+@pytest.mark.slow  # trains: a long run, kept out of the default suite (-m slow runs it)
 def test_train_stops_when_its_lock_file_is_deleted_mid_run(tmp_path):
     from receipt_embed.ingest import ingest
 

@@ -416,6 +416,7 @@ def test_partial_staging_copies_of_killed_writers_are_removed(tmp_path):
     assert not samples.exists() and not dataset.exists()
 
 
+@pytest.mark.slow  # trains: a long run, kept out of the default suite (-m slow runs it)
 def test_a_run_dir_whose_files_are_links_is_never_written_through(cli, tmp_path, dataset):
     """Round 4 of the attack: a metrics.jsonl or checkpoints/ link planted in a run dir made
     `train --resume` append or write outside it."""

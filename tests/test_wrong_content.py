@@ -340,6 +340,7 @@ def test_index_merge_names_edited_shards(tmp_path, change, message):
     ],
     ids=["sums loss a string", "negative sums", "negative epoch", "step past the epoch", "negative step"],
 )
+@pytest.mark.slow  # five training resumes: kept out of the default suite (-m slow runs it)
 def test_resume_refuses_counters_a_run_cannot_have(trained, tmp_path, change, message):
     """Round 3 of the attack: a last.pt whose counters were edited is named, not trained on."""
     run = tmp_path / "run"
@@ -382,6 +383,7 @@ def test_idmap_factories_are_refused_in_one_line(small_index, tmp_path):
         assert not (tmp_path / "ix").exists()
 
 
+@pytest.mark.slow  # trains: a long run, kept out of the default suite (-m slow runs it)
 def test_resume_refuses_a_checkpoint_ahead_of_its_runs_log(trained, tmp_path):
     """Round 4 of the attack: epoch=10**12 in last.pt was resumed ("nothing to train")."""
     run = tmp_path / "run"

@@ -33,3 +33,9 @@ def printable(value) -> str:
     if text.isprintable() and "\\" not in text:
         return text
     return "".join(_escape(c) if c in _NAMED or unicodedata.category(c) in _HIDDEN else c for c in text)
+
+
+def quoted(value) -> str:
+    """``'value'`` for a message that :func:`printable` escapes once when it is shown; ``repr``
+    would escape it a first time already (and name numpy's ``np.str_('x')`` for a column value)."""
+    return f"'{value}'"

@@ -77,6 +77,18 @@ def _read_holder(fd: int) -> dict:
     return holder if isinstance(holder, dict) else {}
 
 
+def _is_ours(fd: int) -> bool:
+    """Empty (a writer killed before its record) or a holder record: a lock file receipt-embed wrote.
+    Anything else is a user's file that happens to have the name, and is never overwritten."""
+    try:
+        if os.fstat(fd).st_size == 0:
+            return True
+    except OSError:
+        return False
+    holder = _read_holder(fd)
+    return isinstance(holder.get("pid"), int) and "host" in holder
+
+
 def _open_locked(path: Path, out) -> int:
     """A descriptor on ``path`` holding its flock; raises DirLocked while another holds it."""
     while True:
@@ -200,6 +212,12 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = _open_locked(path, out)
+    if not _is_ours(fd):
+        os.close(fd)
+        raise UnusableLockFile(
+            f"{path} is where receipt-embed keeps the writer lock of {out}, but it holds something else "
+            "(not a lock record receipt-embed wrote); it is never overwritten: move it away and try again"
+        )
     try:
         stale = _read_holder(fd)
         if stale:
@@ -227,8 +245,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
                 raise
             if not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
                 stop.reported = True
-                name = signal.Signals(stop.code - 128).name if isinstance(stop.code, int) else "a signal"
-                print(f"stopped by {name}: {out} left as it was", file=sys.stderr, flush=True)
+                print(f"stopped by {signal_name(stop)}: {out} left as it was", file=sys.stderr, flush=True)
             if stop is exc:
                 raise
             raise stop from None
@@ -264,6 +281,35 @@ def _sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def signals_stop_the_command() -> Iterator[None]:
+    """For a whole command: SIGINT and SIGTERM raise :class:`StoppedBySignal` (exit 130 or 143) in the
+    main thread, so a stop outside any lock is the same one line and exit code as inside one, not
+    click's "Aborted!" with exit 1 nor a silent death by the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        _received.append(128 + signum)
+        raise StoppedBySignal(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def signal_name(stop: SystemExit) -> str:
+    """``SIGTERM`` for the stop ``StoppedBySignal(143)``."""
+    try:
+        return signal.Signals(stop.code - 128).name
+    except (TypeError, ValueError):
+        return "a signal"
+
+
 def _command_line() -> str:
     import shlex
 
@@ -285,6 +331,8 @@ __all__ = [
     "StoppedBySignal",
     "UnusableLockFile",
     "held_locks_env",
+    "signal_name",
+    "signals_stop_the_command",
     "lock_path",
     "write_lock",
 ]

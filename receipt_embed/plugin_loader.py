@@ -23,6 +23,7 @@ from pathlib import Path
 import pluggy
 
 from receipt_embed import hookspecs
+from receipt_embed.display import quoted
 from receipt_embed.errors import BadInput
 from receipt_embed.kinds import KINDS
 from receipt_embed.registry import ComponentClash, PluginInfo, Registry
@@ -106,8 +107,10 @@ class PluginLoader:
         )
         self.registry.failures[name] = detail
         if self.strict:
-            raise PluginLoadError(f"plugin {name!r} failed to load (--strict-plugins): {detail}") from exc
-        warnings.warn(f"plugin {name!r} failed to load and was skipped: {detail}", PluginLoadWarning, stacklevel=2)
+            raise PluginLoadError(f"plugin {quoted(name)} failed to load (--strict-plugins): {detail}") from exc
+        warnings.warn(
+            f"plugin {quoted(name)} failed to load and was skipped: {detail}", PluginLoadWarning, stacklevel=2
+        )
 
     def _blocked(self, name: str) -> bool:
         if self.pm.is_blocked(name):
@@ -128,9 +131,9 @@ class PluginLoader:
             marked = hasattr(value, f"{hookspecs.PROJECT_NAME}_impl")
             if marked and attr not in specs:
                 close = difflib.get_close_matches(attr, sorted(specs), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = f" (did you mean {quoted(close[0])}?)" if close else ""
                 raise ValueError(
-                    f"@hookimpl function {attr!r} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
+                    f"@hookimpl function {quoted(attr)} is not a receipt-embed hook{hint}; hooks: {', '.join(sorted(specs))}"
                 )
             if marked and attr in specs:
                 options = getattr(value, f"{hookspecs.PROJECT_NAME}_impl") or {}
@@ -155,7 +158,7 @@ class PluginLoader:
                     )
             if not marked and attr in specs:
                 warnings.warn(
-                    f"plugin {name!r} defines {attr}() without @hookimpl, so it is ignored; decorate it with "
+                    f"plugin {quoted(name)} defines {attr}() without @hookimpl, so it is ignored; decorate it with "
                     "receipt_embed.hookspecs.hookimpl",
                     PluginLoadWarning,
                     stacklevel=3,
@@ -206,11 +209,12 @@ class PluginLoader:
     def load_folder(self, folder: Path, required: bool = False) -> None:
         """Load ``folder/*.py``; a missing folder is fine unless the user named it."""
         if not folder.is_dir():
+            problem = _not_a_folder(folder)
             if required and self.strict:  # a tracker plugin missing silently is what strict exists to prevent
-                raise PluginLoadError(f"plugins folder {folder} does not exist (--strict-plugins)")
+                raise PluginLoadError(f"plugins folder {folder} {problem} (--strict-plugins)")
             if required:
                 warnings.warn(
-                    f"plugins folder {folder} does not exist; no folder plugins loaded", PluginLoadWarning, stacklevel=2
+                    f"plugins folder {folder} {problem}; no folder plugins loaded", PluginLoadWarning, stacklevel=2
                 )
             return
         for path in sorted(folder.glob("*.py")):
@@ -265,4 +269,27 @@ class PluginLoader:
         """A name in RECEIPT_EMBED_DISABLE_PLUGINS that matched no plugin is probably a typo."""
         seen = set(self.registry.plugins) | set(self.registry.failures) | self.blocked_seen
         for name in sorted(self.disabled - seen):
-            warnings.warn(f"{DISABLE_ENV} names {name!r}, which is not a plugin here", PluginLoadWarning, stacklevel=2)
+            warnings.warn(
+                f"{DISABLE_ENV} names {quoted(name)}, which is not a plugin here", PluginLoadWarning, stacklevel=2
+            )
+
+
+def _not_a_folder(path: Path) -> str:
+    """Why ``path`` is no plugins folder, in words: missing, a link loop, or some other kind of file."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:  # a symlink loop, a name too long, no permission
+        return f"cannot be opened ({exc.strerror})"
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
+    )
+    what = next((name for test, name in kinds if test(mode)), None)
+    return f"is {what}, not a folder" if what else "is not a folder"

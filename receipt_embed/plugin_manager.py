@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pluggy
 
+from receipt_embed.display import quoted
 from receipt_embed.plugin_loader import (  # noqa: F401  (re-exported: the names plugin authors and tests use)
     BUILTIN_PLUGINS,
     DEFAULT_PLUGINS_DIR,
@@ -62,10 +63,10 @@ def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> 
             at = f" ({where})" if where else ""
             if registry.strict:
                 raise PluginLoadError(
-                    f"plugin {impl.plugin_name!r} failed in {hook_name}{at} (--strict-plugins): {detail}"
+                    f"plugin {quoted(impl.plugin_name)} failed in {hook_name}{at} (--strict-plugins): {detail}"
                 ) from exc
             warnings.warn(
-                f"plugin {impl.plugin_name!r} failed in {hook_name}{at}: {detail}; going on without it this "
+                f"plugin {quoted(impl.plugin_name)} failed in {hook_name}{at}: {detail}; going on without it this "
                 "time (--strict-plugins makes this fatal)",
                 PluginHookWarning,
                 stacklevel=2,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from receipt_embed.display import quoted
 from receipt_embed.errors import ComponentError
 from receipt_embed.kinds import KINDS as COMPONENT_KINDS
 
@@ -53,7 +54,7 @@ def plugin_errors(registry: Registry, kind: str, name: str, doing: str):
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         raise ComponentError(
-            f"{kind} {name!r} (from plugin {component.plugin!r}) failed while {doing}: "
+            f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}) failed while {doing}: "
             f"{type(exc).__name__}: {exc}{where}"
         ) from exc
 
@@ -85,7 +86,7 @@ def _parameter_hint(factory, params: dict, kind: str) -> str:
     for key in unknown:
         close = difflib.get_close_matches(key, accepted, n=1)
         if close:
-            hint += f" (did you mean {close[0]!r} for {key!r}?)"
+            hint += f" (did you mean {quoted(close[0])} for {quoted(key)}?)"
     return hint if unknown else ""
 
 
@@ -122,20 +123,20 @@ class Registry:
     def add(self, kind: str, plugin: str, name: str, factory: Callable[..., Any], description: str = "") -> None:
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise InvalidComponent(
-                f"plugin {plugin!r} registered a {kind} with an invalid name {name!r} "
+                f"plugin {quoted(plugin)} registered a {kind} with an invalid name {quoted(name)} "
                 "(letters, digits, '_', '-', '.'; no spaces)"
             )
         if not callable(factory):
             raise InvalidComponent(
-                f"plugin {plugin!r} registered {kind} {name!r} with a factory that is not callable "
+                f"plugin {quoted(plugin)} registered {kind} {quoted(name)} with a factory that is not callable "
                 f"({type(factory).__name__}); pass the function that builds it"
             )
         existing = self.components[kind].get(name)
         if existing is not None and existing.plugin == plugin:
-            raise InvalidComponent(f"plugin {plugin!r} registers {kind} {name!r} twice")
+            raise InvalidComponent(f"plugin {quoted(plugin)} registers {kind} {quoted(name)} twice")
         if existing is not None:
             raise ComponentClash(
-                f"{kind} {name!r} is registered by two plugins: {existing.plugin!r} and {plugin!r}; "
+                f"{kind} {quoted(name)} is registered by two plugins: {quoted(existing.plugin)} and {quoted(plugin)}; "
                 f"disable one with RECEIPT_EMBED_DISABLE_PLUGINS={plugin}"
             )
         self.components[kind][name] = Component(kind, name, factory, plugin, description)
@@ -149,14 +150,14 @@ class Registry:
 
     def get(self, kind: str, name: str) -> Component:
         if kind not in self.components:
-            raise ComponentError(f"unknown component kind {kind!r}; kinds: {', '.join(KINDS)}")
+            raise ComponentError(f"unknown component kind {quoted(kind)}; kinds: {', '.join(KINDS)}")
         available = self.components[kind]
         if name not in available:
             names = ", ".join(sorted(available)) or "(none registered)"
             close = difflib.get_close_matches(name, list(available), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            hint = f" Did you mean {quoted(close[0])}?" if close else ""
             raise ComponentError(
-                f"unknown {kind} {name!r}. Available: {names}.{hint} (From a plugin? "
+                f"unknown {kind} {quoted(name)}. Available: {names}.{hint} (From a plugin? "
                 "`receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)"
             )
         return available[name]
@@ -168,16 +169,16 @@ class Registry:
             return component.factory(**params)
         except TypeError as exc:
             raise ComponentError(
-                f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}"
+                f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}): {exc}"
                 f"{_parameter_hint(component.factory, params, kind)}"
             ) from exc
         except (ComponentError, OSError):  # a missing weights file is the user's to fix, as it says
             raise
         except ValueError as exc:  # the factory rejected a parameter value: say whose
-            raise ComponentError(f"{kind} {name!r} (from plugin {component.plugin!r}): {exc}") from exc
+            raise ComponentError(f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}): {exc}") from exc
         except Exception as exc:  # a plugin bug: name it instead of a traceback through our code
             raise ComponentError(
-                f"{kind} {name!r} (from plugin {component.plugin!r}) failed to build: {type(exc).__name__}: {exc}"
+                f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}) failed to build: {type(exc).__name__}: {exc}"
             ) from exc
 
     def create_with(self, kind: str, name: str, framework: dict[str, Any], params: dict[str, Any]) -> Any:
@@ -190,7 +191,7 @@ class Registry:
             instead = "; ".join(f"{key} comes from {ours[key]}" for key in clash if key in ours)
             raise ComponentError(
                 f"{_params_key(kind)} sets {', '.join(map(repr, clash))}, which receipt-embed "
-                f"passes to {kind} {name!r} itself; remove it from {_params_key(kind)}"
+                f"passes to {kind} {quoted(name)} itself; remove it from {_params_key(kind)}"
                 + (f" ({instead})" if instead else "")
             )
         return self.create(kind, name, **framework, **params)

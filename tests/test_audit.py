@@ -288,3 +288,14 @@ def test_too_few_items_is_inconclusive_not_clear():
     device = audit_figures(x, items, ["device"], rule=FlagRule(min_z=50.0))["shortcuts"]["device"]
     assert device["lift"] > 1.3 and device["status"] == "inconclusive" and not device["flagged"]
     assert any("standard errors" in reason for reason in device["reasons"])
+
+
+def test_an_untestable_attribute_is_named_once_escaped_without_numpy_reprs():
+    """Attack round 4: the reason read ``np.str_('a\\\\b')``: numpy's repr, then escaped twice."""
+    from receipt_embed.audit.figures import testable
+    from receipt_embed.audit.run import verdict_lines
+
+    reason = testable(np.array(["a\\b", "a\\b", "a\\b"]))
+    assert reason == "it has a single value ('a\\b')"
+    figures = {"flagged": [], "collapsed": False, "shortcuts": {}, "inconclusive": [], "untestable": {"x\\y": reason}}
+    assert verdict_lines(figures)[-1] == "not tested: x\\\\y (it has a single value ('a\\\\b'))"

@@ -272,3 +272,52 @@ def test_a_writer_never_deletes_a_lock_file_that_replaced_its_own(tmp_path):
         lock_path(out).write_text('{"pid": 1}')  # as the second writer's new lock would be
         theirs = lock_path(out).stat().st_ino
     assert lock_path(out).exists() and lock_path(out).stat().st_ino == theirs
+
+
+def test_a_user_file_with_the_lock_files_name_is_never_overwritten(tmp_path):
+    """Attack round 4: ``PARENT/.NAME.lock`` that holds someone's notes is refused, not truncated."""
+    from receipt_embed.locking import UnusableLockFile, write_lock
+
+    notes = tmp_path / ".ix.lock"
+    notes.write_text("my notes, not a lock\n")
+    with pytest.raises(UnusableLockFile, match=r"\.ix\.lock is where receipt-embed keeps the writer lock .* move it"):
+        with write_lock(tmp_path / "ix"):
+            pass
+    assert notes.read_text() == "my notes, not a lock\n"
+    notes.write_text("")  # empty: a writer killed before it wrote its record, so ours to take
+    with write_lock(tmp_path / "ix"):
+        assert json.loads(notes.read_text())["pid"] == os.getpid()
+    assert not notes.exists()
+
+
+NAP = """
+import sys, time
+import click
+import receipt_embed.cli as cli
+
+@click.command()
+def nap():
+    print("napping", flush=True)
+    time.sleep(60)
+
+cli.COMMANDS["nap"] = ("__main__:nap", "sleep")
+sys.argv = ["receipt-embed", "nap"]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_outside_any_lock_is_one_line_and_the_signals_exit_code(sig, code):
+    """Attack round 4: SIGINT outside training printed click's "Aborted!" with exit 1, and SIGTERM
+    after a command's last write killed it silently (-15); both are now the stop's line and code."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", NAP],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert child.stdout.readline().strip() == "napping"
+    child.send_signal(sig)
+    _, err = child.communicate(timeout=30)
+    assert (child.returncode, err) == (code, f"stopped by {sig.name}\n")

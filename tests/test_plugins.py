@@ -1048,3 +1048,24 @@ def test_resume_does_not_load_plugins_from_the_run_dir(cli, tmp_path):
     )
     assert again.returncode == 0, again.stderr
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_plugins_dir_that_is_a_fifo_is_named_as_one(cli, tmp_path):
+    """Attack round 4: RECEIPT_EMBED_PLUGINS_DIR naming a FIFO said "does not exist"."""
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    result = cli("plugins", "--json", env={"RECEIPT_EMBED_PLUGINS_DIR": str(fifo)}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"Warning: plugins folder {fifo} is a FIFO, not a folder; no folder plugins loaded" in result.stderr
+    strict = cli("--strict-plugins", "plugins", env={"RECEIPT_EMBED_PLUGINS_DIR": str(fifo)}, cwd=tmp_path)
+    assert strict.returncode == 2 and "is a FIFO, not a folder (--strict-plugins)" in strict.stderr, strict.stderr
+
+
+def test_a_plugin_name_with_a_backslash_is_escaped_once(cli, tmp_path):
+    """Attack round 4: names went through repr() and then printable(), so a backslash showed as four."""
+    folder = tmp_path / "p"
+    _write(folder, "bad\\name.py", BROKEN)
+    result = _plugins_json(cli, tmp_path, plugins_dir=folder)
+    assert "Warning: plugin 'bad\\\\name' failed to load" in result.stderr, result.stderr

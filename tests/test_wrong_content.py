@@ -6,6 +6,7 @@ the key, exit code 2, never a traceback or a silently wrong result."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -404,3 +405,28 @@ def test_a_head_too_large_for_memory_is_refused_before_it_is_built(trained, tmp_
     )
     result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "ix", "-q")
     _one_clean_error(result, "the projection head would have", "lower model.head_hidden or model.grid")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda s: s.update(best={"epoch": 1, "recall_at_1": float("inf")}), "best.recall_at_1 is inf; --resume"),
+        (lambda s: s.update(best={"epoch": 99, "recall_at_1": 0.5}), "best.epoch is 99; --resume needs an epoch"),
+        (lambda s: s["scheduler"].update(last_epoch=-40), "scheduler.last_epoch is -40; --resume needs a step"),
+        (lambda s: s["scheduler"].update(last_epoch=2.5), "scheduler.last_epoch is 2.5"),
+        (lambda s: s["scheduler"].update(base_lrs=[-0.1]), "scheduler.base_lrs holds -0.1; --resume needs finite"),
+        (lambda s: s["optimizer"]["param_groups"][0].update(lr=float("nan")), "optimizer.param_groups holds nan"),
+    ],
+    ids=["best inf", "best epoch ahead", "negative step", "fractional step", "negative rate", "nan rate"],
+)
+def test_resume_refuses_a_best_or_schedule_a_run_cannot_have(trained, change, message):
+    """Attack round 4: an ``inf`` best would block every later selection, a negative schedule step or
+    rate would train uphill; each is named before anything is restored."""
+    from receipt_embed.training.checkpoint import check_resumable
+
+    last = trained / "run" / "checkpoints" / "last.pt"
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    check_resumable(state, last)  # the run's own checkpoint passes
+    change(state)
+    with pytest.raises(CheckpointError, match=re.escape(f"{last}: {message}")):
+        check_resumable(state, last)

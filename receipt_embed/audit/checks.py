@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.display import quoted
 from receipt_embed.errors import BadInput
 
 
@@ -38,8 +39,8 @@ class AuditContext:
 
             columns = sorted({key for item in self.items for key in item})
             close = difflib.get_close_matches(column, columns, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise KeyError(f"no item has a column {column!r}{hint}; columns: {', '.join(columns)}")
+            hint = f" (did you mean {quoted(close[0])}?)" if close else ""
+            raise KeyError(f"no item has a column {quoted(column)}{hint}; columns: {', '.join(columns)}")
         return np.array([str(item.get(column, "")) for item in self.items])
 
     def neighbours(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -81,7 +82,7 @@ def _result(name: str, plugin: str, raw) -> dict:
     except (TypeError, ValueError) as exc:
         raise AuditCheckError(f"figures are not JSON-ready: {exc}") from None
     if "flagged" in raw and not isinstance(raw["flagged"], (bool, np.bool_)):
-        raise AuditCheckError(f"'flagged' must be True or False, got {raw['flagged']!r}")
+        raise AuditCheckError(f"'flagged' must be True or False, got {quoted(raw['flagged'])}")
     if "\n" in str(raw.get("summary", "")):
         raise AuditCheckError("'summary' must be one line")
     plot = raw.get("plot")
@@ -108,9 +109,9 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
     def known(name: str, option: str) -> str:
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = f" (did you mean {quoted(close[0])}?)" if close else ""
             raise BadInput(
-                f"{option}: no audit check {name!r}{hint}; checks: {', '.join(names) or '(none registered)'}"
+                f"{option}: no audit check {quoted(name)}{hint}; checks: {', '.join(names) or '(none registered)'}"
             )
         return name
 
@@ -119,17 +120,19 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
         if name in names:
             skipped.add(name)
         else:
-            warnings.warn(f"--skip-check {name!r}: no such audit check here; checks: {', '.join(names) or '(none)'}")
+            warnings.warn(
+                f"--skip-check {quoted(name)}: no such audit check here; checks: {', '.join(names) or '(none)'}"
+            )
     params: dict[str, dict] = {}
     for item in settings:
         key, sep, value = item.partition("=")
         name, dot, param = key.strip().partition(".")
         if not sep or not dot or not param:
-            raise BadInput(f"--check-set expects NAME.KEY=VALUE, got {item!r}")
+            raise BadInput(f"--check-set expects NAME.KEY=VALUE, got {quoted(item)}")
         try:  # read exactly like a --set value (1e-1 is a number, yes is a string)
             parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
         except Exception as exc:
-            raise BadInput(f"--check-set {item!r}: cannot read the value: {str(exc).splitlines()[0]}") from None
+            raise BadInput(f"--check-set {quoted(item)}: cannot read the value: {str(exc).splitlines()[0]}") from None
         params.setdefault(known(name, "--check-set"), {})[param] = parsed
     return skipped, params
 
@@ -182,7 +185,7 @@ def run_checks(
                 if isinstance(exc, AuditCheckError)
                 else "".join(traceback.format_exception_only(type(exc), exc)).strip()
             )
-            message = f"audit check {name!r} (plugin {component.plugin!r}) failed: {detail}"
+            message = f"audit check {quoted(name)} (plugin {quoted(component.plugin)}) failed: {detail}"
             if registry.strict:
                 raise AuditCheckError(message + " (--strict-plugins)") from exc
             warnings.warn(message + "; the audit goes on without it")

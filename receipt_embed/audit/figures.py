@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from receipt_embed.display import quoted
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.diagnostics import QUANTILES, embedding_diagnostics
 from receipt_embed.evaluation.retrieval import l2_normalise, retrieval_metrics
@@ -170,7 +171,7 @@ def testable(values: np.ndarray) -> str | None:
     """Why an attribute cannot be audited, or None."""
     distinct = len(set(values.tolist()))
     if distinct < 2:
-        return f"it has a single value ({values[0]!r})"
+        return f"it has a single value ({quoted(values[0])})"
     if distinct > len(values) / 2:
         return f"it has {distinct} distinct values for {len(values)} items: an attribute must group items"
     return None
@@ -194,7 +195,7 @@ def audit_figures(
         empty = [i for i, item in enumerate(items) if item.get(attribute) in (None, "")]
         if empty:
             raise BadInput(
-                f"attribute {attribute!r} is empty or absent for {len(empty)} of {len(items)} items, "
+                f"attribute {quoted(attribute)} is empty or absent for {len(empty)} of {len(items)} items, "
                 f"first {items[empty[0]].get('path', f'item {empty[0]}')}"
             )
     receipt_ids = [str(item["receipt_id"]) for item in items]

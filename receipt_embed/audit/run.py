@@ -12,7 +12,7 @@ import numpy as np
 from receipt_embed.audit.checks import AuditContext, run_checks
 from receipt_embed.audit.confine import ImageRoots
 from receipt_embed.audit.figures import FlagRule, audit_figures
-from receipt_embed.display import printable
+from receipt_embed.display import printable, quoted
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_write_json, atomic_write_text, json_safe
 from receipt_embed.version import __version__
@@ -29,8 +29,10 @@ def check_attributes(items: list[dict], attributes: list[str], where) -> None:
             raise BadInput("receipt_id is the identity every figure is measured against, not an attribute to audit")
         if attribute not in columns:
             close = difflib.get_close_matches(attribute, columns, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise BadInput(f"attribute {attribute!r} is not a column of {where}{hint}; columns: {', '.join(columns)}")
+            hint = f" (did you mean {quoted(close[0])}?)" if close else ""
+            raise BadInput(
+                f"attribute {quoted(attribute)} is not a column of {where}{hint}; columns: {', '.join(columns)}"
+            )
 
 
 def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, roots) -> list[dict]:

@@ -85,11 +85,18 @@ class LazyGroup(click.Group):
         line and exit code 2, never a traceback."""
         if sys.stdout is not None and not isinstance(sys.stdout, _GuardedStdout):
             sys.stdout = _GuardedStdout(sys.stdout)
+        from receipt_embed.locking import StoppedBySignal, signal_name, signals_stop_the_command
+
         try:
             try:
-                return super().main(*args, **kwargs)
+                with signals_stop_the_command():
+                    return super().main(*args, **kwargs)
             finally:
                 sys.stdout.flush()
+        except StoppedBySignal as stop:
+            if not stop.reported:  # a lock it unwound has said which dir was left as it was
+                click.echo(f"stopped by {signal_name(stop)}", err=True)
+            sys.exit(stop.code)
         except BadInput as exc:  # bad input a command did not turn into its own message: still one line
             click.echo(f"Error: {printable(str(exc))}", err=True)
             sys.exit(2)

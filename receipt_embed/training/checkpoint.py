@@ -8,6 +8,7 @@ queue), the momentum encoder when used, partial epoch sums, and the resolved con
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import torch
@@ -129,14 +130,57 @@ def check_resumable(state: dict, path) -> None:
         if not isinstance(value, kind) or isinstance(value, bool):
             wanted = "a tensor" if kind is torch.Tensor else _article(kind.__name__)
             raise CheckpointError(f"{path}: {key} is {_type_name(value)}, --resume needs {wanted}")
-    if state.get("best") is not None and not isinstance(state["best"], dict):
-        raise CheckpointError(f"{path}: best is {_type_name(state['best'])}, not a dict or None")
     for key in ("epoch", "step"):
         if state[key] < 0:
             raise CheckpointError(f"{path}: {key} is {state[key]}; --resume needs a count of 0 or more")
+    _check_best(state.get("best"), state["epoch"], path)
+    _check_schedule(state, path)
     _check_sums(state["sums"], path)
     if "momentum_model" in state:
         _check_tensor_dict(state["momentum_model"], "momentum_model", path)
+
+
+def _check_best(best, epoch: int, path) -> None:
+    """The best epoch so far: None, or an epoch already done with a recall in [0, 1] (an ``inf`` there
+    would keep every later epoch from ever being selected)."""
+    if best is None:
+        return
+    if not isinstance(best, dict):
+        raise CheckpointError(f"{path}: best is {_type_name(best)}, not a dict or None")
+    best_epoch, recall = best.get("epoch"), best.get("recall_at_1")
+    if type(best_epoch) is not int or not 1 <= best_epoch <= epoch:
+        raise CheckpointError(f"{path}: best.epoch is {best_epoch!r}; --resume needs an epoch in 1..{epoch}")
+    if not isinstance(recall, (int, float)) or isinstance(recall, bool) or not 0.0 <= recall <= 1.0:
+        raise CheckpointError(f"{path}: best.recall_at_1 is {recall!r}; --resume needs a recall in [0, 1]")
+
+
+def _numbers(value):
+    """Every int and float (not bool) in ``value``, through lists, tuples and dicts."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _numbers(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _numbers(item)
+
+
+def _check_schedule(state: dict, path) -> None:
+    """The learning-rate schedule's position and base rates, and the optimizer's hyperparameters:
+    finite and not negative (a negative step or rate would train uphill, NaN would poison every weight)."""
+    last = state["scheduler"].get("last_epoch")
+    if type(last) is not int or last < 0:
+        raise CheckpointError(f"{path}: scheduler.last_epoch is {last!r}; --resume needs a step count of 0 or more")
+    for where, value in (
+        ("scheduler.base_lrs", state["scheduler"].get("base_lrs", [])),
+        ("optimizer.param_groups", state["optimizer"].get("param_groups", [])),
+    ):
+        bad = next((n for n in _numbers(value) if not math.isfinite(n) or n < 0), None)
+        if bad is not None:
+            raise CheckpointError(f"{path}: {where} holds {bad}; --resume needs finite numbers of 0 or more")
 
 
 SUMS = {"loss": (int, float), "steps": (int,), "views": (int,), "seconds": (int, float)}

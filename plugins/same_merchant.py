@@ -60,6 +60,8 @@ def receipt_groups(identities, metadata, column: str) -> dict[int, str | None]:
 class SameGroupSampler:
     """B distinct receipts per batch, two views each, drawn group by group."""
 
+    batch_layout = "two_view"  # [first views; second views], as unique_identity
+
     def __init__(self, identities, batch_size: int, seed: int, metadata, column: str = "merchant", tail: str = "fill"):
         if tail not in ("fill", "drop"):
             raise ValueError(f"tail must be fill or drop, got {tail!r}")

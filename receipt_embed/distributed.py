@@ -131,13 +131,14 @@ def identity_slice(identities: list, rank: int, world_size: int) -> list:
 class RankBatches:
     """This rank's rows of each global batch (views keep the seeds of their global slots).
 
-    A two-view batch ``[first captures of B; second captures of B]`` (row i and row B + i share
-    an identity) gives each rank B/W identities with both captures, in the same layout; any
-    other batch gives each rank a contiguous 1/W of its rows (multi-positive losses read labels,
-    not positions)."""
+    A batch of a sampler declaring the two-view layout ``[first captures of B; second captures
+    of B]`` gives each rank B/W identities with both captures, in the same layout; any other
+    batch gives each rank a contiguous 1/W of its rows (multi-positive losses read labels, not
+    positions)."""
 
-    def __init__(self, batches, labels: list[int], rank: int, world_size: int):
+    def __init__(self, batches, labels: list[int], rank: int, world_size: int, two_view: bool):
         self.batches, self.labels, self.rank, self.world_size = batches, labels, rank, world_size
+        self.two_view = two_view
         self.unique_identities = 0  # summed over the global batches handed out so far
 
     def __len__(self) -> int:
@@ -147,9 +148,7 @@ class RankBatches:
         for batch in self.batches:
             self.unique_identities += len({self.labels[index] for index, _ in batch})
             half = len(batch) // 2
-            if len(batch) % 2 == 0 and all(
-                self.labels[batch[i][0]] == self.labels[batch[half + i][0]] for i in range(half)
-            ):
+            if self.two_view:
                 firsts = identity_slice(list(range(half)), self.rank, self.world_size)
                 yield [batch[i] for i in firsts] + [batch[half + i] for i in firsts]
             else:

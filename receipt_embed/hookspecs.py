@@ -52,7 +52,9 @@ def register_augmentations(register):
 @hookspec
 def register_samplers(register):
     """Register batch samplers: ``factory(identities, batch_size, seed, **params)`` returns an
-    iterable of batches of dataset indices, with ``__len__`` and ``set_epoch(epoch)``.
+    iterable of batches of dataset indices, with ``__len__``, ``set_epoch(epoch)`` and a
+    ``batch_layout`` naming how a batch's rows are laid out (``"two_view"`` or ``"any"``, see
+    :mod:`receipt_embed.batch_layout`).
 
     ``identities[i]`` is the integer receipt label of capture ``i``. A factory that declares a
     ``metadata`` parameter also receives the manifest rows, ``metadata[i]`` being capture

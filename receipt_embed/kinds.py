@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from receipt_embed.batch_layout import LAYOUTS, declared_layout
+from receipt_embed.display import quoted
 from receipt_embed.errors import BadInput, ComponentError
 
 
@@ -36,6 +38,7 @@ class ComponentKind:
     framework: tuple[FrameworkArgument, ...]
     needs: tuple[str, ...]  # attributes the object a factory builds must have
     contract: str  # the check in receipt_embed.testing that a component of this kind passes
+    check_values: Callable[[Any], str | None] | None = None  # what is wrong with a built object's values, or None
 
     @property
     def framework_names(self) -> tuple[str, ...]:
@@ -65,16 +68,26 @@ class ComponentKind:
     def check_built(self, registry, name: str, built) -> None:
         """A factory returned something that lacks what this kind needs: say which component and rule."""
         missing = [attr for attr in self.needs if not hasattr(built, attr)]
-        if missing:
+        problem = None if missing or self.check_values is None else self.check_values(built)
+        if missing or problem:
             plugin = registry.get(self.name, name).plugin
+            rule = f"without {', '.join(missing)}; a {self.name} needs {', '.join(self.needs)}" if missing else problem
             raise ComponentError(
-                f"{self.name} {name!r} (from plugin {plugin!r}) built a {type(built).__name__} without "
-                f"{', '.join(missing)}; a {self.name} needs {', '.join(self.needs)} (see docs/plugins.md)"
+                f"{self.name} {quoted(name)} (from plugin {quoted(plugin)}) built a {type(built).__name__} "
+                f"{rule} (see docs/plugins.md)"
             )
 
 
 def _grayscale_channels(config) -> int:
     return 1 if config.data.grayscale else 3
+
+
+def _sampler_values(sampler) -> str | None:
+    if declared_layout(sampler) is None:
+        return (
+            f"whose batch_layout is {getattr(sampler, 'batch_layout', None)!r}; it must be one of {', '.join(LAYOUTS)}"
+        )
+    return None
 
 
 KINDS: dict[str, ComponentKind] = {
@@ -123,8 +136,9 @@ KINDS: dict[str, ComponentKind] = {
                 FrameworkArgument("seed", "train.seed", lambda c: c.train.seed),
                 FrameworkArgument("metadata", "the manifest"),
             ),
-            ("__len__", "__iter__", "set_epoch"),
+            ("__len__", "__iter__", "set_epoch", "batch_layout"),
             "check_sampler",
+            _sampler_values,
         ),
         ComponentKind(
             "audit_check",

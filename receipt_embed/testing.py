@@ -13,6 +13,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from receipt_embed.kinds import KINDS
+
+
+def _meets_its_kind(kind: str, component) -> None:
+    """What ``receipt_embed.kinds`` says a built component of ``kind`` must have, as the trainer checks it."""
+    spec = KINDS[kind]
+    missing = [attr for attr in spec.needs if not hasattr(component, attr)]
+    assert not missing, (
+        f"a {kind} needs {', '.join(spec.needs)}; this {type(component).__name__} lacks {', '.join(missing)}"
+    )
+    problem = spec.check_values(component) if spec.check_values else None
+    assert not problem, f"a {kind} {type(component).__name__} {problem}"
+
 
 def _two_view_batch(identities: int, dim: int, seed: int):
     import torch
@@ -31,6 +44,7 @@ def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = 
     first, so every call sees the same state."""
     import torch
 
+    _meets_its_kind("loss", loss)
     if isinstance(loss, torch.nn.Module):
         loss.eval()  # stateful losses (a MoCo queue) leave their state alone in eval mode
     z, labels = _two_view_batch(identities, dim, seed)
@@ -70,6 +84,7 @@ def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch:
     grayscale, the default config; 3 for colour)."""
     import torch
 
+    _meets_its_kind("encoder", encoder)
     assert isinstance(getattr(encoder, "feature_dim", None), int), "an encoder must expose an int feature_dim"
     encoder.eval()
     with torch.no_grad():
@@ -82,6 +97,7 @@ def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch:
 
 def check_augmentation(transform, *, image_size=(128, 64), source_size=(180, 100), seed: int = 0) -> None:
     """uint8 H x W x 3 in, uint8 image_size x 3 out; the same seed gives the same view."""
+    _meets_its_kind("augmentation", transform)
     rng = np.random.default_rng(seed)
     image = rng.integers(0, 256, size=(*source_size, 3), dtype=np.uint8)
     outputs = []
@@ -96,9 +112,17 @@ def check_augmentation(transform, *, image_size=(128, 64), source_size=(180, 100
 
 
 def check_sampler(sampler, labels, *, epochs: int = 2, two_view: bool = False) -> None:
-    """Batches of valid capture indices, ``len(sampler)`` of them, the same for the same epoch.
-    With ``two_view`` (for the two-view losses: ntxent, moco, align_uniform, vicreg, ...)
-    every batch is ``[first views of B receipts; second views of the same B receipts]``."""
+    """Batches of valid capture indices, ``len(sampler)`` of them, the same for the same epoch,
+    each laid out as the sampler's ``batch_layout`` declares (``receipt_embed.batch_layout``).
+    With ``two_view`` (a sampler meant for the two-view losses: ntxent, moco, align_uniform,
+    vicreg, ...) it must declare ``two_view``: ``[first views of B receipts; second views]``."""
+    from receipt_embed.batch_layout import TWO_VIEW, layout_problem
+
+    _meets_its_kind("sampler", sampler)
+    layout = sampler.batch_layout
+    assert not two_view or layout == TWO_VIEW, (
+        f"a sampler for the two-view losses must declare batch_layout {TWO_VIEW!r}, this one declares {layout!r}"
+    )
     n = len(labels)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
@@ -109,13 +133,11 @@ def check_sampler(sampler, labels, *, epochs: int = 2, two_view: bool = False) -
             "batches must hold integer capture indices"
         )
         assert all(0 <= int(i) < n for b in batches for i in b), "a batch holds an index outside the dataset"
-        if two_view:
-            for batch in batches:
-                half = len(batch) // 2
-                rows = [labels[int(i)] for i in batch]
-                assert len(batch) % 2 == 0 and rows[:half] == rows[half:] and len(set(rows[:half])) == half, (
-                    "two-view batches must be [first views of B distinct receipts; second views, same order]"
-                )
+        for batch in batches:
+            problem = layout_problem(layout, [labels[int(i)] for i in batch])
+            assert problem is None, (
+                f"two-view batches must be [first views of B distinct receipts; second views, same order]: {problem}"
+            )
         sampler.set_epoch(epoch)
         assert batches == [list(b) for b in sampler], "the same epoch must give the same batches (resumable runs)"
 
@@ -125,6 +147,7 @@ def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -
     index of 20 receipts x 3 devices (columns path, receipt_id, device, merchant): returns a dict with a JSON-ready ``figures`` dict, an
     optional one-line ``summary``, a boolean ``flagged`` and a matplotlib ``plot``; and the
     same figures when run again (audit reports must be reproducible)."""
+    _meets_its_kind("audit_check", check)
     import json
     from pathlib import Path
 

@@ -103,6 +103,8 @@ def test_the_checks_catch_broken_components():
         check_audit_check(lambda context: {"figures": {}, "flagged": "yes"})
 
     class Interleaved:  # [a1, a2, b1, b2, ...]: fine for supcon, wrong for the two-view losses
+        batch_layout = "any"
+
         def __init__(self):
             self.epoch = 0
 
@@ -117,8 +119,14 @@ def test_the_checks_catch_broken_components():
 
     labels = np.repeat(np.arange(4), 3).tolist()
     check_sampler(Interleaved(), labels)
-    with pytest.raises(AssertionError, match="two-view batches must be"):
+    with pytest.raises(AssertionError, match="must declare batch_layout 'two_view', this one declares 'any'"):
         check_sampler(Interleaved(), labels, two_view=True)
+    Interleaved.batch_layout = "two_view"  # declared, but not what it yields
+    with pytest.raises(AssertionError, match="two-view batches must be .*: row 0 and row 2 are different"):
+        check_sampler(Interleaved(), labels)
+    del Interleaved.batch_layout
+    with pytest.raises(AssertionError, match="a sampler needs __len__, __iter__, set_epoch, batch_layout; .* lacks"):
+        check_sampler(Interleaved(), labels)
     counter = iter(range(10))
     with pytest.raises(AssertionError, match="same figures"):
         check_audit_check(lambda context: {"figures": {"calls": next(counter)}})

@@ -725,10 +725,19 @@ class WrongDim(torch.nn.Module):
         return x.mean(dim=(2, 3)).repeat(1, 8)  # 8 features, claims 32
 
 class OutOfRange(NoEpochs):
+    batch_layout = "any"
     def set_epoch(self, epoch):
         pass
     def __iter__(self):
         return iter([[0, 10 ** 6] * 4])
+
+class Sideways(OutOfRange):
+    batch_layout = "sideways"
+
+class FalseTwoView(OutOfRange):
+    batch_layout = "two_view"
+    def __iter__(self):
+        return iter([list(range(8))])  # captures 0..7: not [first views; second views]
 
 class Width(torch.nn.Module):
     def __init__(self, width):
@@ -760,6 +769,8 @@ def register_encoders(register):
 def register_samplers(register):
     register("no_epochs", lambda identities, batch_size, seed: NoEpochs(identities, batch_size))
     register("out_of_range", lambda identities, batch_size, seed: OutOfRange(identities, batch_size))
+    register("sideways", lambda identities, batch_size, seed: Sideways(identities, batch_size))
+    register("false_two_view", lambda identities, batch_size, seed: FalseTwoView(identities, batch_size))
 """
 
 
@@ -810,6 +821,21 @@ def register_samplers(register):
             r"in 0..143",
         ),
         (
+            "sampler.name=sideways",
+            r"sampler 'sideways' \(from plugin 'broken_components'\) built a Sideways whose batch_layout is "
+            r"'sideways'; it must be one of two_view, any",
+        ),
+        (
+            "sampler.name=false_two_view",
+            r"sampler 'false_two_view' \(from plugin 'broken_components'\) declares batch_layout 'two_view', "
+            r"\[first views of B distinct identities; .*\], but batch 1 of epoch 1 is not: row 0 and row 4 are",
+        ),
+        (
+            "loss.name=moco & sampler.name=pk",
+            r"loss 'moco' needs two-view batches, and sampler 'pk' declares batch_layout 'any'; "
+            r"use sampler unique_identity",
+        ),
+        (
             "loss.params={temperature: 0.5}",
             r"loss.params sets 'temperature', which receipt-embed passes to loss 'ntxent' itself; "
             r"remove it from loss.params \(temperature comes from loss.temperature\)",
@@ -828,7 +854,7 @@ def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, mes
     ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
     with pytest.raises((ComponentError, ValueError), match=message):
         train(
-            load_config(overrides=[*TINY_TRAINING, "train.num_workers=0", setting]),
+            load_config(overrides=[*TINY_TRAINING, "train.num_workers=0", *setting.split(" & ")]),
             tmp_path / "ds",
             tmp_path / "run",
             registry,

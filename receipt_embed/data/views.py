@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from receipt_embed.batch_layout import ANY, LAYOUTS, declared_layout, layout_problem
 from receipt_embed.data.cache import ImageCache
 from receipt_embed.errors import BadInput
 
@@ -82,10 +83,12 @@ def _valid_index(index, n: int) -> bool:
 
 class SeededBatches:
     """Wraps a sampler's batches of capture indices into batches of (index, view seed),
-    starting at ``start_step`` (to resume mid-epoch)."""
+    starting at ``start_step`` (to resume mid-epoch). Given the captures' ``labels``, each batch
+    is checked against the layout the sampler declares (``receipt_embed.batch_layout``)."""
 
-    def __init__(self, sampler, seed: int, n_captures: int | None = None, source: str = "the sampler"):
+    def __init__(self, sampler, seed: int, n_captures: int | None = None, source: str = "the sampler", labels=None):
         self.sampler, self.seed, self.n_captures, self.source = sampler, seed, n_captures, source
+        self.labels, self.layout = labels, declared_layout(sampler) or ANY
         self.epoch, self.start_step = 0, 0
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
@@ -105,6 +108,13 @@ class SeededBatches:
                     raise BadInput(
                         f"{self.source} yielded {bad[0]!r} in batch {step + 1} of epoch {self.epoch + 1}; "
                         f"indices must be integers in 0..{self.n_captures - 1} (the training captures)"
+                    )
+            if self.labels is not None:
+                problem = layout_problem(self.layout, [self.labels[int(i)] for i in batch])
+                if problem:
+                    raise BadInput(
+                        f"{self.source} declares batch_layout {self.layout!r}, {LAYOUTS[self.layout]}, but batch "
+                        f"{step + 1} of epoch {self.epoch + 1} is not: {problem}"
                     )
             yield [(int(index), view_seed(self.seed, self.epoch, step, slot)) for slot, index in enumerate(batch)]
 

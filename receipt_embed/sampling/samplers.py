@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from receipt_embed.batch_layout import ANY, TWO_VIEW
 from receipt_embed.errors import BadInput
 
 TAIL_POLICIES = ("fill", "drop")
@@ -98,6 +99,8 @@ class _IdentityBatches:
 class UniqueIdentitySampler(_IdentityBatches):
     """B distinct identities per batch, two views each: ``[first views; second views]``."""
 
+    batch_layout = TWO_VIEW
+
     def __iter__(self) -> Iterator[list[int]]:
         rng = self._rng()
         batches = self._identity_batches(rng)
@@ -111,6 +114,8 @@ class UniqueIdentitySampler(_IdentityBatches):
 class PKSampler(_IdentityBatches):
     """P identities x K views per batch; identities with fewer than K captures get extra
     augmented views of their captures (counted in ``stats['extra_views']``)."""
+
+    batch_layout = ANY
 
     def __init__(self, labels: Sequence[int], batch_size: int, seed: int, k: int = 4, tail: str = "fill"):
         super().__init__(labels, batch_size, seed, tail)

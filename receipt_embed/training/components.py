@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
+from receipt_embed.batch_layout import TWO_VIEW
 from receipt_embed.config import Config
 from receipt_embed.data.views import SeededBatches, ViewDataset
+from receipt_embed.display import quoted
 from receipt_embed.kinds import KINDS
 from receipt_embed.registry import ComponentError, plugin_errors
 from receipt_embed.sampling import build_sampler
@@ -49,7 +51,7 @@ def build_batches(config: Config, registry, train_set, log) -> tuple[object, See
     )
     check_built(registry, "sampler", name, sampler)
     source = f"sampler {name!r} (from plugin {registry.get('sampler', name).plugin!r})"
-    return sampler, SeededBatches(sampler, train_cfg.seed, len(train_set), source)
+    return sampler, SeededBatches(sampler, train_cfg.seed, len(train_set), source, labels=train_set.labels)
 
 
 def build_views(config: Config, registry, train_set, train_cache) -> ViewDataset:
@@ -114,6 +116,12 @@ def build_components(
     key_model = None
     if getattr(loss, "wants_momentum_keys", False):
         from receipt_embed.losses.moco import make_momentum_encoder
+
+        if batches.layout != TWO_VIEW:  # a key is the other view of a row's receipt: its place must be known
+            raise ComponentError(
+                f"loss {quoted(config.loss.name)} needs two-view batches, and sampler {quoted(config.sampler.name)} "
+                f"declares batch_layout {batches.layout!r}; use sampler unique_identity"
+            )
 
         key_model = make_momentum_encoder(model)
     forward_model = model

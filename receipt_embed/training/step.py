@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from receipt_embed.errors import BadInput
+from receipt_embed.batch_layout import TWO_VIEW
 from receipt_embed.registry import plugin_errors
 from receipt_embed.training.components import check_loss_value
 from receipt_embed.training.rundir import LAST
@@ -45,8 +45,7 @@ class TrainingStep:
         if self.ctx.distributed:
             from receipt_embed.distributed import global_loss
 
-            half = len(labels) // 2  # a two-view slice is [first views; second views] of its identities
-            two_view = len(labels) % 2 == 0 and torch.equal(labels, labels.roll(half))
+            two_view = self.batches.layout == TWO_VIEW  # each rank's slice keeps [first views; second views]
             keys = None if self.key_model is None else self._momentum_keys(views, labels)
             return global_loss(self.loss_fn, projections.float(), labels, two_view=two_view, local_keys=keys)
         if self.key_model is None:
@@ -74,9 +73,7 @@ class TrainingStep:
         """Keys from the momentum encoder: row i's key is the *other* view of its receipt."""
         from receipt_embed.losses.moco import momentum_update
 
-        half = len(views) // 2
-        if len(views) % 2 or not torch.equal(labels, labels.roll(half)):
-            raise BadInput(f"loss {self.config.loss.name!r} needs two-view batches; use sampler unique_identity")
+        half = len(views) // 2  # a two-view batch, as build_components made sure the sampler declares
         momentum_update(self.model, self.key_model, self.config.train.momentum)
         self.key_model.train()
         _, keys = self.key_model(views)

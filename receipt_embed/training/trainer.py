@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from receipt_embed.batch_layout import TWO_VIEW
 from receipt_embed.config import Config, save_config
 from receipt_embed.data.cache import cache_size
 from receipt_embed.data.dataset_dir import cache_captures, load_dataset_dir, select_split
@@ -134,7 +135,9 @@ class Trainer(TrainingStep):
         """One loader for the run; persistent workers avoid a fork per epoch on small sets."""
         workers = self.config.train.num_workers
         self.rank_batches = (
-            RankBatches(self.batches, self.train_set.labels, self.ctx.rank, self.ctx.world_size)
+            RankBatches(
+                self.batches, self.train_set.labels, self.ctx.rank, self.ctx.world_size, self.batches.layout == TWO_VIEW
+            )
             if self.ctx.distributed
             else None
         )

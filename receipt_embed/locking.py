@@ -236,17 +236,8 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
                 _write_holder(fd, path, record)
                 yield path
         except BaseException as exc:
-            # the signal's exception may reach here as another one (raised inside an import or C
-            # extension that wraps what it catches): a signal received means a stop all the same
-            stop = exc if isinstance(exc, StoppedBySignal) else None
-            if stop is None and _received:
-                stop = StoppedBySignal(_received[-1])
-            if stop is None:
-                raise
-            if not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
-                stop.reported = True
-                print(f"stopped by {signal_name(stop)}: {out} left as it was", file=sys.stderr, flush=True)
-            if stop is exc:
+            stop = _as_stop(exc, out)
+            if stop is None or stop is exc:
                 raise
             raise stop from None
         finally:
@@ -259,6 +250,17 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
                 pass
     finally:
         os.close(fd)
+
+
+def _as_stop(exc: BaseException, out) -> StoppedBySignal | None:
+    """The stop ``exc`` stands for, said once in one line; None for an ordinary error. The signal's
+    exception may arrive as another one (raised inside an import or C extension that wraps what it
+    catches): a signal received means a stop all the same."""
+    stop = exc if isinstance(exc, StoppedBySignal) else StoppedBySignal(_received[-1]) if _received else None
+    if stop is not None and not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
+        stop.reported = True
+        print(f"stopped by {signal_name(stop)}: {out} left as it was", file=sys.stderr, flush=True)
+    return stop
 
 
 @contextmanager

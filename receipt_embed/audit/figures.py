@@ -177,6 +177,43 @@ def testable(values: np.ndarray) -> str | None:
     return None
 
 
+def _check_filled(items: list[dict], names: list[str]) -> None:
+    for attribute in names:
+        empty = [i for i, item in enumerate(items) if item.get(attribute) in (None, "")]
+        if empty:
+            raise BadInput(
+                f"attribute {quoted(attribute)} is empty or absent for {len(empty)} of {len(items)} items, "
+                f"first {items[empty[0]].get('path', f'item {empty[0]}')}"
+            )
+
+
+def _attribute_figures(x, labels, values, *, k: int, rule: FlagRule, n_items: int, context: bool, seed: int) -> dict:
+    """Lift, probe and verdict of one attribute (a context attribute gets the figures, never a flag)."""
+    figures = {**attribute_lift(x, labels, values, k=k), **linear_probe(x, labels, values, seed=seed)}
+    figures["n_values"] = len(set(values.tolist()))
+    status, reasons = flag(figures, rule, n_items)
+    figures["context"] = context
+    if context:
+        status = "context"
+    figures["status"], figures["reasons"] = status, reasons
+    figures["flagged"] = status == "flagged"
+    return figures
+
+
+def _similarity_summary(x, labels, by_attribute: dict, seed: int) -> dict:
+    """Mean similarities of positives and negatives, split by the first tested attribute."""
+    first = next(iter(by_attribute), None)
+    overall = by_attribute[first] if first else similarity_figures(x, labels, labels, seed=seed)
+    return {
+        "positive_mean": overall["positive"]["mean"],
+        "negative_mean": overall["negative"]["mean"],
+        "same_attr_negative_mean": overall["same_attr_negative"]["mean"] if first else None,
+        "cross_attr_negative_mean": overall["cross_attr_negative"]["mean"] if first else None,
+        "attribute": first,
+        "by_attribute": by_attribute,
+    }
+
+
 def audit_figures(
     embeddings: np.ndarray,
     items: list[dict],
@@ -191,13 +228,7 @@ def audit_figures(
     ``attributes`` are tested against the rule; ``context`` attributes get the same figures
     but are never flagged (e.g. merchant, which captures of one shop share by design)."""
     names = [*attributes, *[c for c in context if c not in attributes]]
-    for attribute in names:
-        empty = [i for i, item in enumerate(items) if item.get(attribute) in (None, "")]
-        if empty:
-            raise BadInput(
-                f"attribute {quoted(attribute)} is empty or absent for {len(empty)} of {len(items)} items, "
-                f"first {items[empty[0]].get('path', f'item {empty[0]}')}"
-            )
+    _check_filled(items, names)
     receipt_ids = [str(item["receipt_id"]) for item in items]
     identities = {receipt_id: i for i, receipt_id in enumerate(sorted(set(receipt_ids)))}
     if len(identities) < 2:
@@ -216,30 +247,13 @@ def audit_figures(
             untestable[attribute] = reason
             continue
         retrieval["cross_attribute"][attribute] = cross_attribute_recall(x, labels, values)
-        figures = {**attribute_lift(x, labels, values, k=k_used), **linear_probe(x, labels, values, seed=seed)}
-        figures["n_values"] = len(set(values.tolist()))
-        status, reasons = flag(figures, rule, len(items))
-        figures["context"] = attribute not in attributes
-        if figures["context"]:
-            status = "context"
-        figures["status"], figures["reasons"] = status, reasons
-        figures["flagged"] = status == "flagged"
-        shortcuts[attribute] = figures
+        shortcuts[attribute] = _attribute_figures(
+            x, labels, values, k=k_used, rule=rule, n_items=len(items), context=attribute not in attributes, seed=seed
+        )
         similarity_by_attribute[attribute] = similarity_figures(x, labels, values, seed=seed)
     diagnostics = embedding_diagnostics(x, labels, max_items=MAX_PAIRWISE_ITEMS, seed=seed)
     diagnostics.pop("similarity", None)
     diagnostics["pairwise_items"] = min(len(x), MAX_PAIRWISE_ITEMS)  # uniformity, effective rank
-    first = next(iter(similarity_by_attribute), None)
-    overall = similarity_by_attribute[first] if first else similarity_figures(x, labels, labels, seed=seed)
-    similarity = {
-        "positive_mean": overall["positive"]["mean"],
-        "negative_mean": overall["negative"]["mean"],
-        "same_attr_negative_mean": overall["same_attr_negative"]["mean"] if first else None,
-        "cross_attr_negative_mean": overall["cross_attr_negative"]["mean"] if first else None,
-        "attribute": first,
-        "by_attribute": similarity_by_attribute,
-    }
-    collapsed = diagnostics["effective_rank"] < COLLAPSED_RANK
     return {
         "n_items": len(items),
         "n_identities": len(identities),
@@ -249,9 +263,9 @@ def audit_figures(
         "retrieval": retrieval,
         "shortcuts": shortcuts,
         "untestable": untestable,
-        "similarity": similarity,
+        "similarity": _similarity_summary(x, labels, similarity_by_attribute, seed),
         "diagnostics": diagnostics,
-        "collapsed": bool(collapsed),
+        "collapsed": bool(diagnostics["effective_rank"] < COLLAPSED_RANK),
         "flagged": [a for a in shortcuts if shortcuts[a]["flagged"]],
         "inconclusive": [a for a in shortcuts if shortcuts[a]["status"] == "inconclusive"],
     }

@@ -121,7 +121,6 @@ def _audit(
     """The figures and the HTML report of one audit."""
     import warnings
 
-    from receipt_embed.audit import report
     from receipt_embed.indexing import load_index_dir
 
     index_dir = load_index_dir(index_path)
@@ -145,41 +144,60 @@ def _audit(
     }
 
     x = index_dir.embeddings
-    receipt_ids = np.array([str(item["receipt_id"]) for item in index_dir.items])
-    labels = np.unique(receipt_ids, return_inverse=True)[1]
-    shared = x.view()
+    labels = np.unique(np.array([str(item["receipt_id"]) for item in index_dir.items]), return_inverse=True)[1]
+    check_plots = _plugin_checks(index_dir, labels, attributes, figures, registry, skip_checks, check_params, log)
+    log("drawing plots")
+    plots = {**_plots(x, labels, index_dir.items, attributes, figures), "checks": check_plots}
+    roots = ImageRoots.for_index(meta, images_roots)
+    gallery_cards = _gallery(index_dir, labels, attributes, gallery, roots)
+    figures["gallery_refused"] = len(roots.refused)
+    if roots.warning():
+        warnings.warn(roots.warning())
+    html = _report_html(figures, plots, attributes, gallery_cards, gallery, meta["source"])
+    return figures, html
+
+
+def _plugin_checks(index_dir, labels, attributes, figures, registry, skip_checks, check_params, log) -> dict:
+    """Run the audit-check plugins on a read-only view of the vectors; their figures go into
+    ``figures``, their plots are returned."""
+    shared = index_dir.embeddings.view()
     shared.setflags(write=False)  # checks read the audited vectors; they cannot change the rest of the report
     check_context = AuditContext(
         shared, [dict(item) for item in index_dir.items], labels.copy(), list(attributes), figures["k"], index_dir.path
     )
     figures["checks"], check_plots = run_checks(registry, check_context, log=log, skip=skip_checks, params=check_params)
     figures["flagged_checks"] = [name for name, result in figures["checks"].items() if result["flagged"]]
+    return check_plots
 
-    log("drawing plots")
-    values = {a: np.array([str(item[a]) for item in index_dir.items]) for a in attributes}
+
+def _plots(x, labels, items, attributes, figures) -> dict:
+    """The report's figures: agreement bars, similarity histograms and 2-D projections."""
+    import warnings
+
+    from receipt_embed.audit import report
+
+    values = {a: np.array([str(item[a]) for item in items]) for a in attributes}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate spaces (e.g. collapsed) still get their plots
-        plots = {
+        return {
             "agreement": report.agreement_bars(figures["shortcuts"]) if attributes else None,
             "histograms": {a: report.similarity_histogram(x, labels, values[a], a) for a in attributes},
             "projections": {
                 **{a: report.projection(x, labels, values[a], f"coloured by {a}") for a in attributes},
                 "receipt": report.projection(x, labels, labels, "coloured by receipt", identities=True),
             },
-            "checks": check_plots,
         }
-    roots = ImageRoots.for_index(meta, images_roots)
-    gallery_cards = _gallery(index_dir, labels, attributes, gallery, roots)
-    figures["gallery_refused"] = len(roots.refused)
-    if roots.warning():
-        warnings.warn(roots.warning())
-    source = meta["source"]
+
+
+def _report_html(figures, plots, attributes, gallery_cards, gallery, source) -> str:
+    from receipt_embed.audit import report
+
     source_text = (
         f"checkpoint {source.get('checkpoint')}"
         if source.get("kind") == "checkpoint"
         else f"external embeddings {source.get('embeddings')}"
     )
-    html = report.render_html(
+    return report.render_html(
         {
             "figures": figures,
             "plots": plots,
@@ -193,7 +211,6 @@ def _audit(
             "version": __version__,
         }
     )
-    return figures, html
 
 
 def _num(value, digits=3):

@@ -143,11 +143,6 @@ def check_demo_out(out: Path, samples) -> None:
 
 def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
     """The four steps; each part of OUT is ours (the demo's own check came first), so each replaces its old copy."""
-    from receipt_embed.fileio import atomic_write_json
-    from receipt_embed.ingest import ingest
-    from receipt_embed.training.trainer import train
-
-    PLUGIN_FAILURES = _plugin_failures()  # noqa: N806
     progress = not quiet and sys.stderr.isatty()
     started = time.perf_counter()
     source = Path(samples) if samples else find_samples()
@@ -157,10 +152,25 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
         source = out / "samples"
         click.echo(f"data_samples/ not found; generating sample receipts into {source}")
         make_samples(source, receipts=60, devices=3, seed=0)
+    _ingest_step(config, source, out, progress)
+    _train_step(config, registry, out, progress, quiet)
+    _index_step(config, registry, out, progress)
+    _audit_step(registry, out)
+    click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")
+
+
+def _ingest_step(config, source: Path, out: Path, progress: bool) -> None:
+    from receipt_embed.ingest import ingest
 
     click.echo(f"[1/4] ingest {source} -> {out / 'dataset'}")
     result = ingest(source, out / "dataset", config.ingest, progress=progress, force=True)
     click.echo(result.summary())
+
+
+def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> None:
+    """Train, then the held-out retrieval of the best checkpoint (``heldout_retrieval.json``)."""
+    from receipt_embed.fileio import atomic_write_json
+    from receipt_embed.training.trainer import train
 
     click.echo(
         f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
@@ -176,10 +186,9 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
             force=True,
             log=(lambda message: None) if quiet else (lambda message: click.echo(f"  {message}")),
         )
-    except PLUGIN_FAILURES as exc:
+    except _plugin_failures() as exc:
         raise InputError(str(exc)) from None
     click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
-
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
     atomic_write_json(out / "heldout_retrieval.json", figures)
     for features, f in figures.items():
@@ -187,6 +196,9 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
             f"  held-out ({f['n_queries']} captures) {features} features: recall@1 {f['recall_at_1']:.3f}, "
             f"recall@5 {f['recall_at_5']:.3f}, mAP {f['map']:.3f}"
         )
+
+
+def _index_step(config, registry, out: Path, progress: bool) -> None:
     from receipt_embed.indexing import index_dataset
 
     features = config.train.select_on
@@ -209,6 +221,9 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
         f"{meta_first_path(out / 'index')} --k 3\n  (the query itself comes first, marked [same file]; "
         "its receipt's other captures should follow)"
     )
+
+
+def _audit_step(registry, out: Path) -> None:
     from receipt_embed.audit.run import run_audit, summary
 
     click.echo(f"[4/4] audit-shortcuts {out / 'index'} for device (merchant as context) -> {out / 'audit'}")
@@ -216,8 +231,7 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
         figures = run_audit(
             out / "index", ["device"], out / "audit", context=("merchant",), registry=registry, force=True
         )
-    except PLUGIN_FAILURES as exc:
+    except _plugin_failures() as exc:
         raise InputError(str(exc)) from None
     click.echo("\n".join(f"  {line}" for line in summary(figures).splitlines()))
     click.echo(f"  report: {out / 'audit' / 'audit.html'}")
-    click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")

@@ -169,49 +169,13 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    from receipt_embed.training.rundir import check_run_out
-
-    try:
-        check_run_out(out_dir, sweep=sweep is not None)  # before its config.yaml or data.json is read
-        if resume and int(os.environ.get("RANK", "0")) == 0:
-            settle_interrupted(out_dir)
-    except BadInput as exc:
-        raise InputError(str(exc)) from None
-    if resume and data_dir is None:
-        from receipt_embed.training.checkpoint import CheckpointError
-        from receipt_embed.training.resume import recorded_data_dir
-
-        try:
-            data_dir = recorded_data_dir(out_dir)  # the run's own dataset, not the bundled samples
-        except (CheckpointError, BadInput) as exc:  # ValueError: data.json is not a regular file
-            raise InputError(str(exc)) from None
-        if data_dir is None and os.path.lexists(Path(out_dir) / "config.yaml"):
-            raise InputError(f"{out_dir} does not record its dataset (an older run): resume with --data DATASET_DIR")
+    data_dir = _data_dir_of(out_dir, data_dir, resume, sweep)
     if nproc > 1 or world > 1:
         if data_dir is None:
             raise InputError("distributed training needs --data DATASET_DIR (run `receipt-embed ingest` first)")
         if sweep is not None:
             raise InputError("--sweep runs one process per value; it cannot be combined with --nproc")
-    saved = Path(out_dir) / "config.yaml"
-    from_run_dir = resume and config_file is None and os.path.lexists(saved)  # a FIFO is refused by name when read
-    if from_run_dir:
-        config_file = str(saved)  # the run's own settings; --set still applies on top
-    config = resolve_config(config_file, overrides)
-    recorded = config.plugins.dir if from_run_dir else None
-    loading = plugins_to_load(current_app(), None if from_run_dir else config.plugins.dir)
-    registry = load_registry(ctx, config_with(config, values={"plugins": {"dir": loading}}))
-    try:
-        check_components(config, registry)
-    except InputError as exc:
-        if recorded and recorded != loading:
-            raise InputError(
-                f"{exc.message} The run was trained with plugins from {recorded}: resume with "
-                f"`receipt-embed --plugins-dir {recorded} train --out {out_dir} --resume` (plugins are "
-                "never loaded from a folder a run dir names)."
-            ) from None
-        raise
-    # recorded in config.yaml, so the run says where its plugins came from (kept for the next resume)
-    config = config_with(config, values={"plugins": {"dir": loading if loading is not None else recorded}})
+    config, registry = _config_and_registry(ctx, out_dir, resume, config_file, overrides)
     if resume and force:
         raise InputError("--resume continues the run in --out and --force replaces it: give one of them")
     from receipt_embed.locking import write_lock
@@ -233,6 +197,59 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
             )
     except BadInput as exc:  # the lock is held by another writer, or the disk is full
         raise InputError(str(exc)) from None
+
+
+def _data_dir_of(out_dir, data_dir, resume: bool, sweep):
+    """--data, or on --resume the dataset the run records; the run dir is checked first (before
+    its config.yaml or data.json is read) and an interrupted --force is settled."""
+    import os
+
+    from receipt_embed.training.rundir import check_run_out
+
+    try:
+        check_run_out(out_dir, sweep=sweep is not None)
+        if resume and int(os.environ.get("RANK", "0")) == 0:
+            settle_interrupted(out_dir)
+    except BadInput as exc:
+        raise InputError(str(exc)) from None
+    if not resume or data_dir is not None:
+        return data_dir
+    from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.training.resume import recorded_data_dir
+
+    try:
+        data_dir = recorded_data_dir(out_dir)  # the run's own dataset, not the bundled samples
+    except (CheckpointError, BadInput) as exc:  # ValueError: data.json is not a regular file
+        raise InputError(str(exc)) from None
+    if data_dir is None and os.path.lexists(Path(out_dir) / "config.yaml"):
+        raise InputError(f"{out_dir} does not record its dataset (an older run): resume with --data DATASET_DIR")
+    return data_dir
+
+
+def _config_and_registry(ctx, out_dir, resume: bool, config_file, overrides):
+    """The run's config (on --resume its own config.yaml, --set on top) and the registry of the
+    plugins it loads; the config records where they came from, for the next resume."""
+    import os
+
+    saved = Path(out_dir) / "config.yaml"
+    from_run_dir = resume and config_file is None and os.path.lexists(saved)  # a FIFO is refused by name when read
+    if from_run_dir:
+        config_file = str(saved)  # the run's own settings; --set still applies on top
+    config = resolve_config(config_file, overrides)
+    recorded = config.plugins.dir if from_run_dir else None
+    loading = plugins_to_load(current_app(), None if from_run_dir else config.plugins.dir)
+    registry = load_registry(ctx, config_with(config, values={"plugins": {"dir": loading}}))
+    try:
+        check_components(config, registry)
+    except InputError as exc:
+        if recorded and recorded != loading:
+            raise InputError(
+                f"{exc.message} The run was trained with plugins from {recorded}: resume with "
+                f"`receipt-embed --plugins-dir {recorded} train --out {out_dir} --resume` (plugins are "
+                "never loaded from a folder a run dir names)."
+            ) from None
+        raise
+    return config_with(config, values={"plugins": {"dir": loading if loading is not None else recorded}}), registry
 
 
 def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world) -> None:

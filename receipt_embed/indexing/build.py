@@ -92,8 +92,26 @@ def _index_dataset(
     force,
     **build_options,
 ) -> dict:
-    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split, verify_captures
     from receipt_embed.embedding import load_model
+
+    captures = _present_captures(data_dir, split)
+    source = {**checkpoint_source(checkpoint), "dataset": str(Path(data_dir).resolve()), "split": split}
+    loaded = load_model(checkpoint, registry)
+    if shard is not None:
+        return _index_shard(loaded, captures, data_dir, out, source, shard, features, batch_size, progress, log, force)
+    log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
+    embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress, captures.digests)
+    if (Path(out) / "shard.json").exists():
+        raise BadInput(f"--out {out} is a shard dir; write the index to its own dir")
+    built = build_index(embeddings, factory, log=log, **build_options)
+    return write_index_dir(
+        out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features, force=force
+    )
+
+
+def _present_captures(data_dir, split: str):
+    """The split's captures, each still on disk and unchanged since ingest."""
+    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split, verify_captures
 
     captures = select_split(load_dataset_dir(data_dir), split)
     if not len(captures):
@@ -105,40 +123,33 @@ def _index_dataset(
             f"first {gone[0]}; were they moved since `receipt-embed ingest`? Re-run it"
         )
     verify_captures(captures.rows)
-    source = {**checkpoint_source(checkpoint), "dataset": str(Path(data_dir).resolve()), "split": split}
-    loaded = load_model(checkpoint, registry)
-    rows = captures.rows
-    if shard is not None:
-        from receipt_embed.indexing.shards import shard_rows, write_shard
+    return captures
 
-        start, end = shard_rows(len(rows), *shard)
-        if start == end:
-            raise BadInput(
-                f"shard {shard[0]}/{shard[1]} of {len(rows)} captures is empty; use at most {len(rows)} shards"
-            )
-        rows = rows[start:end]
-        log(f"shard {shard[0]}/{shard[1]}: rows {start}..{end - 1} of {len(captures)} captures ({split})")
-        embeddings = embed_paths_checked(
-            loaded, [r["path"] for r in rows], features, batch_size, progress, [r.get("sha256") for r in rows]
+
+def _index_shard(loaded, captures, data_dir, out, source, shard, features, batch_size, progress, log, force) -> dict:
+    """Shard i/n of ``index --shard``: its rows' vectors and items, joined later by ``index-merge``."""
+    from receipt_embed.indexing.shards import shard_rows, write_shard
+
+    start, end = shard_rows(len(captures.rows), *shard)
+    if start == end:
+        raise BadInput(
+            f"shard {shard[0]}/{shard[1]} of {len(captures.rows)} captures is empty; use at most {len(captures.rows)} shards"
         )
-        meta = {
-            **source,
-            "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"),
-            "features": features,
-            "shard": shard[0],
-            "shards": shard[1],
-            "total": len(captures),
-            "rows": [start, end],
-        }
-        return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta, force=force)
-    log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
-    embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress, captures.digests)
-    if (Path(out) / "shard.json").exists():
-        raise BadInput(f"--out {out} is a shard dir; write the index to its own dir")
-    built = build_index(embeddings, factory, log=log, **build_options)
-    return write_index_dir(
-        out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features, force=force
+    rows = captures.rows[start:end]
+    log(f"shard {shard[0]}/{shard[1]}: rows {start}..{end - 1} of {len(captures)} captures ({source['split']})")
+    embeddings = embed_paths_checked(
+        loaded, [r["path"] for r in rows], features, batch_size, progress, [r.get("sha256") for r in rows]
     )
+    meta = {
+        **source,
+        "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"),
+        "features": features,
+        "shard": shard[0],
+        "shards": shard[1],
+        "total": len(captures),
+        "rows": [start, end],
+    }
+    return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta, force=force)
 
 
 def embed_paths_checked(loaded, paths, features, batch_size, progress, digests=None) -> np.ndarray:

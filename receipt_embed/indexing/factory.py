@@ -204,6 +204,33 @@ def set_search_params(index, params: str) -> None:
         faiss.ParameterSpace().set_index_parameters(index, params)
 
 
+def _tune(index, factory: str, queries: np.ndarray, truth: np.ndarray, target_recall: float, log) -> tuple[str, float]:
+    """The cheapest search setting whose recall against exact search reaches the target, or the
+    best one before raising the cost stops paying (a plateau): (params, recall)."""
+    k = truth.shape[1]
+    best: tuple[str, float] = ("", -1.0)
+    for group in search_candidates(index):
+        previous_best = best
+        for params in group:
+            set_search_params(index, params)
+            recall = recall_at(index.search(queries, k)[1], truth)
+            log(f"{params or factory}: recall@{k} {recall:.3f} against exact search")
+            if recall > best[1]:
+                best = (params, recall)
+            if recall >= target_recall:
+                break
+        if best[1] >= target_recall:
+            break
+        gain = best[1] - previous_best[1]
+        if previous_best[1] >= 0 and gain < PLATEAU * (target_recall - previous_best[1]):
+            # doubling the search cost closed under a tenth of the gap: the codes limit recall
+            log(
+                f"recall rose only {gain:.3f} ({previous_best[0]} -> {best[0]}); keeping the cheaper {previous_best[0]}"
+            )
+            return previous_best
+    return best
+
+
 def build_index(
     vectors: np.ndarray,
     factory: str = "Flat",
@@ -229,28 +256,7 @@ def build_index(
     built = time.perf_counter()
     k = min(10, n)
     queries = np.random.default_rng(seed + 1).choice(n, min(n, recall_queries), replace=False)
-    truth = exact_neighbours(vectors, vectors[queries], k)
-    best: tuple[str, float] = ("", -1.0)
-    for group in search_candidates(index):
-        previous_best = best
-        for params in group:
-            set_search_params(index, params)
-            recall = recall_at(index.search(vectors[queries], k)[1], truth)
-            log(f"{params or factory}: recall@{k} {recall:.3f} against exact search")
-            if recall > best[1]:
-                best = (params, recall)
-            if recall >= target_recall:
-                break
-        if best[1] >= target_recall:
-            break
-        gain = best[1] - previous_best[1]
-        if previous_best[1] >= 0 and gain < PLATEAU * (target_recall - previous_best[1]):
-            # doubling the search cost closed under a tenth of the gap: the codes limit recall
-            log(
-                f"recall rose only {gain:.3f} ({previous_best[0]} -> {best[0]}); keeping the cheaper {previous_best[0]}"
-            )
-            best = previous_best
-            break
+    best = _tune(index, factory, vectors[queries], exact_neighbours(vectors, vectors[queries], k), target_recall, log)
     params, recall = best
     set_search_params(index, params)
     if recall < target_recall:

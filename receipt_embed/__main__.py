@@ -1,4 +1,4 @@
-from receipt_embed.cli import main
+from receipt_embed.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -208,13 +208,13 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
     layers = []
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
-            raise ConfigError(f"--set expects key.path=value, got {item!r}")
+            raise ConfigError(f"--set expects key.path=value, got '{item}'")
         try:
             layers.append(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError) as exc:
             first_line = str(exc).strip().splitlines()[0]
             shown = item if len(item) <= 200 else item[:200] + f"... ({len(item)} characters)"
-            raise ConfigError(f"cannot parse --set {shown!r}: {first_line[:200]}") from None
+            raise ConfigError(f"cannot parse --set '{shown}': {first_line[:200]}") from None
     return layers
 
 

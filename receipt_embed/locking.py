@@ -201,7 +201,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
     left by a killed writer is taken over with a warning (or ``log``) naming that writer."""
     path = lock_path(out)
     key = str(path)
-    if key in _held or key in os.environ.get(HELD_LOCKS_ENV, "").split(os.pathsep):
+    if key in _held or _held_by_an_ancestor(path):
         _held[key] = _held.get(key, 0) + 1
         try:
             yield path
@@ -284,7 +284,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 @contextmanager
-def signals_stop_the_command() -> Iterator[None]:
+def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
     """For a whole command: SIGINT and SIGTERM raise :class:`StoppedBySignal` (exit 130 or 143) in the
     main thread, so a stop outside any lock is the same one line and exit code as inside one, not
     click's "Aborted!" with exit 1 nor a silent death by the signal."""
@@ -300,7 +300,7 @@ def signals_stop_the_command() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
+        for sig, handler in previous.items() if restore else ():  # the program itself keeps them to its end
             signal.signal(sig, handler)
 
 
@@ -310,6 +310,35 @@ def signal_name(stop: SystemExit) -> str:
         return signal.Signals(stop.code - 128).name
     except (TypeError, ValueError):
         return "a signal"
+
+
+def _held_by_an_ancestor(path: Path) -> bool:
+    """``HELD_LOCKS_ENV`` names ``path`` and the live holder its record names is one of this process's
+    ancestors (the ``--nproc`` launcher of a rank): an inherited or hand-set variable is not trusted."""
+    if str(path) not in os.environ.get(HELD_LOCKS_ENV, "").split(os.pathsep):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        holder = _read_holder(fd).get("pid")
+    finally:
+        os.close(fd)
+    return isinstance(holder, int) and holder in _ancestors()
+
+
+def _ancestors() -> set[int]:
+    """The pids above this process (from /proc; the parent alone where there is none)."""
+    found, pid = set(), os.getppid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat_file:
+                pid = int(stat_file.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
 
 
 def _command_line() -> str:

@@ -59,7 +59,9 @@ def dir_kind(path: str | os.PathLike) -> str | None:
     for kind, markers in MARKERS.items():
         if all((path / name).exists() for name in markers):
             known = _written_by_us(path, kind)
-            return kind if known is None or entries <= known else "other"
+            if known is None:
+                return kind
+            return kind if entries <= known and _inner_entries_ours(path, kind, entries) else "other"
     for kind, names in PARTIAL.items():
         if entries <= {*names, *MARKERS[kind]}:
             return kind
@@ -82,6 +84,43 @@ def _written_by_us(path: Path, kind: str) -> set[str] | None:
         except (OSError, ValueError, AttributeError, TypeError):
             pass
     return names
+
+
+# the folders inside a dir of ours, and what each may hold; every other name we write is a file
+SAMPLE_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def _inner_entries_ours(path: Path, kind: str, entries: set[str]) -> bool:
+    """Below the top level too, nothing we did not write: a user's ``INDEX/audit/notes.txt`` or a
+    folder named ``audit.json`` makes the dir theirs, so ``--force`` never deletes it."""
+    listed = _listed_folders(path, kind)
+    for name in entries:
+        entry = path / name
+        if entry.is_symlink():
+            return False
+        if kind == "index" and name == "audit":
+            if dir_kind(entry) not in (None, "audit"):
+                return False
+        elif kind == "samples" and name == "images":
+            if not entry.is_dir() or any(
+                not image.is_file() or image.is_symlink() or not image.name.lower().endswith(SAMPLE_IMAGE_SUFFIXES)
+                for image in entry.iterdir()
+            ):
+                return False
+        elif name not in listed and not entry.is_file():
+            return False
+    return True
+
+
+def _listed_folders(path: Path, kind: str) -> set[str]:
+    """Top-level folders an index or shard record lists files in (written by a plugin's verifier data)."""
+    if kind not in ("index", "shard"):
+        return set()
+    try:
+        record = parse_json((path / MARKERS[kind][0]).read_text(encoding="utf-8"))
+        return {Path(name).parts[0] for name in record.get("files", {}) if len(Path(name).parts) > 1}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return set()
 
 
 def _ours_hidden(name: str) -> bool:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from receipt_embed import __version__
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,3 +95,28 @@ def test_an_internal_error_is_exit_1_with_a_hint_and_bad_input_is_exit_2(cli, tm
 
     for error in (ConfigError, CheckpointError, DiskFull, IndexDirError, UnusableFile):
         assert issubclass(error, BadInput) and issubclass(error, ValueError), error
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit-shortcuts", "{tmp}", "--max-lift", "nan"],
+        ["audit-shortcuts", "{tmp}", "--min-z", "nan"],
+        ["search", "{tmp}", "--all-pairs", "--threshold", "nan"],
+    ],
+    ids=["max-lift", "min-z", "threshold"],
+)
+def test_a_nan_threshold_is_refused_not_compared(cli, tmp_path, args):
+    """Attack round 5: every comparison with NaN is false, so `--max-lift nan` flagged nothing and
+    `--threshold nan` found nothing, both with exit 0."""
+    result = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], cwd=tmp_path)
+    assert result.returncode == 2 and "nan is not a number; give a finite value" in result.stderr, result.stderr
+
+
+def test_make_samples_from_scans_that_is_a_fifo_is_a_usage_error(cli, tmp_path):
+    """Attack round 5: a FIFO passed click's folder check and came back as an internal error."""
+    import os
+
+    os.mkfifo(tmp_path / "scans")
+    result = cli("make-samples", "--from-scans", tmp_path / "scans", "--out", tmp_path / "out", cwd=tmp_path)
+    assert result.returncode == 2 and "is not a folder" in result.stderr and "internal" not in result.stderr

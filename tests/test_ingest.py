@@ -351,3 +351,20 @@ def test_unclosed_quote_and_bad_encoding_name_the_line(tmp_path):
     (tmp_path / "e.csv").write_bytes(b"path,receipt_id,device\na.jpg,r1,phone\nb\xff.jpg,r2,phone\n")
     with pytest.raises(ManifestError, match=r"e.csv, line 3: not UTF-8 text"):
         ingest(tmp_path / "e.csv", tmp_path / "out", _settings())
+
+
+def test_a_manifest_with_huge_headers_is_refused_at_once(tmp_path):
+    """Attack round 5: 100,000 header columns hung ingest (a quadratic duplicate check); a manifest
+    has at most MAX_COLUMNS columns, and a field-count error lists only the first of them."""
+    from receipt_embed.ingest.manifest import MAX_COLUMNS
+
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "manifest.csv").write_text(",".join(["path", "receipt_id", "device", *map(str, range(100_000))]) + "\n")
+    with pytest.raises(ManifestError, match=f"line 1: 100003 columns; a manifest has at most {MAX_COLUMNS}"):
+        ingest(wide, tmp_path / "out", load_config().ingest)
+    ragged = tmp_path / "ragged"
+    ragged.mkdir()
+    (ragged / "manifest.csv").write_text(",".join(f"c{i}" for i in range(500)) + "\na,b\n")
+    with pytest.raises(ManifestError, match=r"expected 500 fields \(c0, .*, c19, \.\.\. \(480 more\)\), found 2"):
+        ingest(ragged, tmp_path / "out", load_config().ingest)

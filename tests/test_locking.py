@@ -300,24 +300,53 @@ def nap():
     print("napping", flush=True)
     time.sleep(60)
 
+@click.command()
+def done():
+    import atexit
+
+    atexit.register(lambda: (print("exiting", flush=True), time.sleep(60)))  # an exit handler still running
+    print("napping", flush=True)  # (the line the test waits for)
+
 cli.COMMANDS["nap"] = ("__main__:nap", "sleep")
-sys.argv = ["receipt-embed", "nap"]
-cli.main()
+cli.COMMANDS["done"] = ("__main__:done", "return at once")
+sys.argv = ["receipt-embed", sys.argv[1]]
+cli.run()
 """
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_outside_any_lock_is_one_line_and_the_signals_exit_code(sig, code):
-    """Attack round 4: SIGINT outside training printed click's "Aborted!" with exit 1, and SIGTERM
-    after a command's last write killed it silently (-15); both are now the stop's line and code."""
+@pytest.mark.parametrize(
+    "command,sig,code", [("nap", signal.SIGINT, 130), ("nap", signal.SIGTERM, 143), ("done", signal.SIGTERM, 143)]
+)
+def test_a_signal_outside_any_lock_is_one_line_and_the_signals_exit_code(command, sig, code):
+    """Attack rounds 4 and 5: SIGINT outside training printed click's "Aborted!" with exit 1, and
+    SIGTERM after a command's work (while the interpreter exits) killed it silently (-15); both are
+    now the stop's line and code."""
     child = subprocess.Popen(
-        [sys.executable, "-c", NAP],
+        [sys.executable, "-c", NAP, command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert child.stdout.readline().strip() == "napping"
+    if command == "done":
+        assert child.stdout.readline().strip() == "exiting"
     child.send_signal(sig)
     _, err = child.communicate(timeout=30)
     assert (child.returncode, err) == (code, f"stopped by {sig.name}\n")
+
+
+def test_a_held_locks_variable_is_trusted_only_from_the_holders_descendants(tmp_path):
+    """Attack round 5: RECEIPT_EMBED_HELD_LOCKS naming a lock another live process held switched the
+    lock off; it now counts only when that holder is an ancestor (a --nproc rank's launcher)."""
+    from receipt_embed.locking import held_locks_env
+
+    out = tmp_path / "ds"
+    holder = hold_lock(out)
+    try:
+        result = run_cli("ingest", REPO / "data_samples", "--out", out, "-q", env=held_locks_env(out))
+        assert result.returncode == 2 and f"is being written by pid {holder.pid}" in result.stderr, result.stderr
+        assert not (out / "manifest.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()

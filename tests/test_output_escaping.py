@@ -126,3 +126,30 @@ def test_error_messages_quoting_file_values_are_escaped_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "\x1b" not in result.stderr, result.stderr
     assert "(x\\n  DUPLICATE of receipt y" in lines[0] and "\\x1b[2J" in lines[0]
+
+
+def test_set_errors_escape_the_value_once(cli, tmp_path):
+    """Attack round 5: `cannot parse --set` went through repr() and printable() (ESC shown as \\\\x1b)."""
+    result = cli("config", "--set", "plugins.dir=a\x1bb: [", cwd=tmp_path)
+    assert result.returncode == 2 and "cannot parse --set 'plugins.dir=a\\x1bb: ['" in result.stderr, result.stderr
+
+
+class _FirstLine(Exception):
+    pass
+
+
+def test_the_audits_first_line_escapes_the_attribute(crafted_index, tmp_path):
+    """Attack round 5: "auditing N items for NAME" printed a column name from the index raw."""
+    from receipt_embed.audit.run import run_audit
+
+    index = copy_index(crafted_index, tmp_path / "index")
+    rewrite_items(index, lambda row, item: {**item, "de\x1b[31mv\u202e": f"d{row % 3}"})
+    lines = []
+
+    def first_line(message):
+        lines.append(message)
+        raise _FirstLine
+
+    with pytest.raises(_FirstLine):
+        run_audit(index, ["de\x1b[31mv\u202e"], tmp_path / "report", log=first_line)
+    assert len(lines) == 1 and lines[0].endswith(" items for de\\x1b[31mv\\u202e"), lines

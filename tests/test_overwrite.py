@@ -433,3 +433,61 @@ def test_a_run_dir_whose_files_are_links_is_never_written_through(cli, tmp_path,
     result = cli("train", "--out", run, "--resume", "-q", "--set", "train.epochs=2")
     assert result.returncode == 2 and f"{run / 'metrics.jsonl'} is a symbolic link" in result.stderr, result.stderr
     assert outside.read_text() == "a file elsewhere\n"
+
+
+def test_a_users_file_below_the_top_level_makes_the_dir_theirs(tmp_path):
+    """Attack round 5: `--force` deleted INDEX/audit/notes.txt, RUN/checkpoints/notes.txt and a folder
+    named audit.html; each now makes the dir the user's, refused even with --force."""
+    from receipt_embed.outdir import check_replaceable, dir_kind
+    from receipt_embed.training.rundir import is_run_dir
+
+    index = tmp_path / "idx"
+    (index / "audit").mkdir(parents=True)
+    (index / "index.json").write_text("{}")
+    (index / "audit" / "audit.json").write_text("{}")
+    assert dir_kind(index) == "index"  # an index with its own report: ours
+    (index / "audit" / "notes.txt").write_text("mine")
+    assert dir_kind(index) == "other"
+    with pytest.raises(ValueError, match="never replaced"):
+        check_replaceable(index, "index", force=True)
+    assert (index / "audit" / "notes.txt").read_text() == "mine"
+
+    report = tmp_path / "report"
+    (report / "audit.html").mkdir(parents=True)
+    (report / "audit.json").write_text("{}")
+    (report / "audit.html" / "draft.txt").write_text("mine")
+    assert dir_kind(report) == "other"
+
+    samples = tmp_path / "samples"
+    (samples / "images").mkdir(parents=True)
+    (samples / "manifest.csv").write_text("path\n")
+    (samples / "samples.json").write_text("{}")
+    (samples / "images" / "r0000_scanner.jpg").write_bytes(b"x")
+    assert dir_kind(samples) == "samples"
+    (samples / "images" / "notes.txt").write_text("mine")
+    assert dir_kind(samples) == "other"
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    (run / "checkpoints" / "best.pt").write_bytes(b"")
+    assert is_run_dir(run)
+    (run / "checkpoints" / "notes.txt").write_text("mine")
+    assert not is_run_dir(run)
+
+
+def test_sweep_values_name_one_run_dir_inside_out_each(tmp_path):
+    """Attack round 5: a sweep value holding `/` or `..` named a run dir outside --out (and replaced
+    another run there with --force); values that would share a dir, or repeat, are refused up front."""
+    from receipt_embed.config import ConfigError
+    from receipt_embed.training.sweep import parse_sweep, run_name
+
+    assert run_name("loss.temperature", "0.05") == "loss.temperature=0.05"
+    for value in ("../../../runV", "a/b", "/etc", "..", "x\ny"):
+        name = run_name("plugins.dir", value)
+        assert "/" not in name and "\n" not in name and (tmp_path / name).parent == tmp_path, name
+    assert run_name("..x", "1").startswith("_")
+    with pytest.raises(ConfigError, match="would share the run dir plugins.dir=a_b"):
+        parse_sweep("plugins.dir=a/b,a_b")
+    with pytest.raises(ConfigError, match="gives the value '0.1' more than once"):
+        parse_sweep("loss.temperature=0.1,0.2,0.1")

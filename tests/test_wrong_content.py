@@ -430,3 +430,23 @@ def test_resume_refuses_a_best_or_schedule_a_run_cannot_have(trained, change, me
     change(state)
     with pytest.raises(CheckpointError, match=re.escape(f"{last}: {message}")):
         check_resumable(state, last)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda s: s["sums"].update(loss=float("nan")), "sums.loss is nan; --resume needs a finite number"),
+        (lambda s: s["sums"].update(seconds=float("inf")), "sums.seconds is inf; --resume needs a finite number"),
+        (lambda s: s["sums"].update(steps=0, views=0, loss=1e300), "sums has loss 1e+300 and views 0 over 0 steps"),
+    ],
+    ids=["nan loss", "inf seconds", "a loss over no steps"],
+)
+def test_resume_refuses_running_sums_a_run_cannot_have(trained, change, message):
+    """Attack round 5: NaN, infinite or impossible running sums were resumed into metrics.jsonl."""
+    from receipt_embed.training.checkpoint import check_resumable
+
+    last = trained / "run" / "checkpoints" / "last.pt"
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    change(state)
+    with pytest.raises(CheckpointError, match=re.escape(f"{last}: {message}")):
+        check_resumable(state, last)

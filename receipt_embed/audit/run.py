@@ -125,7 +125,7 @@ def _audit(
 
     index_dir = load_index_dir(index_path)
     check_attributes(index_dir.items, [*attributes, *context], index_dir.path / "items.jsonl")
-    log(f"auditing {index_dir.count} items for {', '.join([*attributes, *context])}")
+    log(printable(f"auditing {index_dir.count} items for {', '.join([*attributes, *context])}"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # degenerate inputs are reported as null figures
         figures = json_safe(

@@ -19,6 +19,7 @@ from receipt_embed.errors import BadInput
 from receipt_embed.version import __version__
 
 _debug = False  # set by --debug: internal errors show their traceback
+_console = False  # set by run(): this process is the command line itself, not a test calling main()
 
 # command name -> "module:attribute"; help text is kept here so --help needs no import.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -89,7 +90,7 @@ class LazyGroup(click.Group):
 
         try:
             try:
-                with signals_stop_the_command():
+                with signals_stop_the_command(restore=not _console):
                     return super().main(*args, **kwargs)
             finally:
                 sys.stdout.flush()
@@ -185,3 +186,30 @@ def main(ctx: click.Context, plugins_dir: str | None, strict_plugins: bool, debu
     _debug = debug
     warnings.showwarning = _show_warning
     ctx.obj = Application(plugins_dir=plugins_dir, strict_plugins=strict_plugins, debug=debug)
+
+
+def run() -> None:
+    """The ``receipt-embed`` program: :func:`main`, then a SIGINT or SIGTERM while the interpreter
+    exits (the command's work done and flushed) ends it at once with the stop's one line and exit
+    code, instead of a silent death by the signal or a traceback from an exit handler."""
+    global _console
+    _console = True
+    try:
+        main()
+    finally:
+        _stop_at_once_on_signals()
+
+
+def _stop_at_once_on_signals() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):
+        os.write(2, f"stopped by {signal.Signals(signum).name}\n".encode())
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)

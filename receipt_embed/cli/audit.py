@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from receipt_embed.cli.options import InputError, load_registry
+from receipt_embed.cli.options import FiniteFloatRange, InputError, load_registry
 from receipt_embed.errors import BadInput
 
 
@@ -55,21 +55,21 @@ def _folders_only(values):
 )
 @click.option(
     "--max-lift",
-    type=click.FloatRange(min=1.0),
+    type=FiniteFloatRange(min=1.0),
     default=1.3,
     show_default=True,
     help="Flag when kNN agreement exceeds this multiple of chance (and --min-z holds).",
 )
 @click.option(
     "--min-z",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=3.0,
     show_default=True,
     help="The lift test also needs the agreement this many standard errors above chance.",
 )
 @click.option(
     "--max-probe-gain",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     default=0.5,
     show_default=True,
     help="Flag when a linear probe's (accuracy - chance) / (1 - chance) exceeds this, on at least 20 held-out items.",

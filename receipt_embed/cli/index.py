@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import InputError, load_registry
+from receipt_embed.cli.options import FiniteFloatRange, InputError, load_registry
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -61,7 +61,7 @@ from receipt_embed.errors import BadInput
 )
 @click.option(
     "--target-recall",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     default=0.95,
     show_default=True,
     help="Approximate indexes: raise nprobe/efSearch until recall@10 against exact search reaches this.",
@@ -222,7 +222,7 @@ def _summary(meta: dict, out_dir, target_recall: float) -> str:
 @click.option("--factory", default="Flat", show_default=True, help="FAISS index-factory string (as for `index`).")
 @click.option(
     "--target-recall",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     default=0.95,
     show_default=True,
     help="Approximate indexes: tune search parameters to this recall@10 against exact search.",

@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from receipt_embed import samples
-from receipt_embed.cli.options import InputError
+from receipt_embed.cli.options import ExistingPath, InputError
 from receipt_embed.errors import BadInput
 
 
@@ -47,7 +47,7 @@ from receipt_embed.errors import BadInput
 @click.option(
     "--from-scans",
     "scans_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=ExistingPath(file_okay=False, path_type=Path),
     default=None,
     help="Capture the receipt scans in this folder instead of rendering receipts.",
 )
@@ -96,6 +96,8 @@ def make_samples(
         raise
     except BadInput as err:
         raise InputError(str(err)) from None
+    except OSError as err:  # e.g. --out is a mount point, which cannot be swapped for its new copy
+        raise InputError(f"cannot write {out_dir}: {err.strerror or err}") from None
     names = ", ".join(d.name for d in samples.select_devices(devices))
     click.echo(
         f"Wrote {receipts * devices} captures ({receipts} receipts x {devices} devices: {names}) "

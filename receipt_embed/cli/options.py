@@ -26,7 +26,23 @@ class ExistingPath(click.Path):
                 self.fail(f"{os.fsdecode(value)!r}: too many levels of symbolic links (a symlink loop)", param, ctx)
         except ValueError:
             self.fail(f"{value!r}: the path contains a NUL byte", param, ctx)
-        return super().convert(value, param, ctx)
+        converted = super().convert(value, param, ctx)
+        if not self.file_okay and not os.path.isdir(converted):  # click lets a FIFO or device through
+            self.fail(f"{os.fsdecode(value)} is not a folder", param, ctx)
+        return converted
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that refuses NaN: every comparison with NaN is false, so click lets it
+    through any bound, and a NaN threshold silently flags or finds nothing."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value} is not a number; give a finite value", param, ctx)
+        return number
 
 
 def config_options(command):

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import InputError, load_registry
+from receipt_embed.cli.options import FiniteFloatRange, InputError, load_registry
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -39,7 +39,7 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Neighbours per query.")
 @click.option(
     "--threshold",
-    type=click.FloatRange(-1, 1),
+    type=FiniteFloatRange(-1, 1),
     default=None,
     help="Cosine similarity at or above which a neighbour counts as a duplicate.",
 )

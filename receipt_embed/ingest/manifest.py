@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +106,14 @@ def check_reserved_columns(path: Path, columns) -> None:
         )
 
 
+MAX_COLUMNS = 1000  # path, receipt_id, device and metadata: far more is a malformed or hostile file
+
+
+def _listed(names: list[str], most: int = 20) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown}, ... ({len(names) - most} more)"
+
+
 def _read_csv(path: Path) -> list[ManifestRow]:
     rows = []
     reader = csv.reader(io.StringIO(_read_text(path), newline=""), strict=True)
@@ -114,7 +123,10 @@ def _read_csv(path: Path) -> list[ManifestRow]:
         if not header or not any(cell.strip() for cell in header):
             raise ManifestError(f"{path}: empty file or missing header line")
         header = [cell.strip() for cell in header]
-        duplicated = sorted({c for c in header if header.count(c) > 1})
+        if len(header) > MAX_COLUMNS:
+            raise ManifestError(f"{path}, line 1: {len(header)} columns; a manifest has at most {MAX_COLUMNS}")
+        counts = Counter(header)
+        duplicated = sorted(c for c, n in counts.items() if n > 1)
         if duplicated:
             raise ManifestError(f"{path}, line 1: repeated column(s) {', '.join(duplicated)}")
         start = reader.line_num + 1
@@ -124,7 +136,7 @@ def _read_csv(path: Path) -> list[ManifestRow]:
                 continue
             if len(cells) != len(header):
                 raise ManifestError(
-                    f"{path}, line {start}: expected {len(header)} fields ({', '.join(header)}), found {len(cells)}"
+                    f"{path}, line {start}: expected {len(header)} fields ({_listed(header)}), found {len(cells)}"
                 )
             rows.append(ManifestRow(start, {k: v.strip() for k, v in zip(header, cells)}))
             start = reader.line_num + 1
@@ -144,6 +156,8 @@ def _read_jsonl(path: Path) -> list[ManifestRow]:
             raise ManifestError(f"{path}, line {number}: invalid JSON ({exc.msg}, column {exc.colno})") from None
         if not isinstance(record, dict):
             raise ManifestError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
+        if len(record) > MAX_COLUMNS:
+            raise ManifestError(f"{path}, line {number}: {len(record)} fields; a manifest has at most {MAX_COLUMNS}")
         fields = {k: (v.strip() if isinstance(v, str) else v) for k, v in record.items()}
         rows.append(ManifestRow(number, fields))
     return rows

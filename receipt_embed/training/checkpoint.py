@@ -192,8 +192,14 @@ def _check_sums(sums: dict, path) -> None:
         value = sums.get(key)
         if not isinstance(value, kinds) or isinstance(value, bool):
             raise CheckpointError(f"{path}: sums.{key} is {_type_name(value)}, --resume needs a number")
+        if not math.isfinite(value):
+            raise CheckpointError(f"{path}: sums.{key} is {value}; --resume needs a finite number")
         if key != "loss" and value < 0:
             raise CheckpointError(f"{path}: sums.{key} is {value}; --resume needs 0 or more")
+    if sums["steps"] == 0 and (sums["loss"] != 0 or sums["views"] != 0):  # nothing summed before a first step
+        raise CheckpointError(
+            f"{path}: sums has loss {sums['loss']} and views {sums['views']} over 0 steps; a run has 0 and 0 there"
+        )
     if not isinstance(sums.get("loss_stats", {}), dict):
         raise CheckpointError(f"{path}: sums.loss_stats is {_type_name(sums['loss_stats'])}, not a dict")
 

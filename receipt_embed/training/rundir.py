@@ -56,6 +56,15 @@ def is_run_dir(run_dir: str | os.PathLike) -> bool:
         return True
     if run_dir.is_symlink() or not run_dir.is_dir():
         return False
+    checkpoints = run_dir / "checkpoints"
+    if (
+        checkpoints.is_dir()
+        and not checkpoints.is_symlink()
+        and any(  # a user's file there is never replaced
+            not n.endswith(".pt") or not (checkpoints / n).is_file() for n in _entries(checkpoints)
+        )
+    ):
+        return False
     if (run_dir / LAST_CHECKPOINT).is_file():
         return True
     entries = _entries(run_dir)
@@ -63,8 +72,7 @@ def is_run_dir(run_dir: str | os.PathLike) -> bool:
         return False
     if entries - {KEPT} and not _is_data_record(run_dir / "data.json"):
         return False
-    checkpoints = run_dir / "checkpoints"
-    if checkpoints.exists() and (not checkpoints.is_dir() or any(not n.endswith(".pt") for n in _entries(checkpoints))):
+    if checkpoints.exists() and not checkpoints.is_dir():
         return False
     return KEPT not in entries or _is_our_dataset(run_dir / KEPT)
 

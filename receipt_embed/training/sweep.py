@@ -6,9 +6,12 @@ best val recall@1 (of ``train.select_on`` features) decides.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 
 from receipt_embed.config import ConfigError, config_with
+from receipt_embed.display import quoted
 from receipt_embed.fileio import atomic_write_json
 from receipt_embed.training.trainer import train
 
@@ -16,12 +19,33 @@ SWEEP_FILE = "sweep.json"
 
 
 def parse_sweep(spec: str) -> tuple[str, list[str]]:
-    """``loss.temperature=0.05,0.1,0.2`` -> (key, values)."""
+    """``loss.temperature=0.05,0.1,0.2`` -> (key, values); a value given twice is refused up front."""
     key, _, raw = spec.partition("=")
     values = [v.strip() for v in raw.split(",") if v.strip()]
     if not key.strip() or len(values) < 2:
-        raise ConfigError(f"--sweep expects key=value1,value2[,...], got {spec!r}")
+        raise ConfigError(f"--sweep expects key=value1,value2[,...], got {quoted(spec)}")
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise ConfigError(f"--sweep gives the value {quoted(value)} more than once; give each value once")
+        seen.add(value)
+    names = [run_name(key.strip(), v) for v in values]
+    counts = Counter(names)
+    clash = next((n for n in names if counts[n] > 1), None)
+    if clash is not None:
+        raise ConfigError(
+            f"--sweep values {', '.join(quoted(v) for v, n in zip(values, names) if n == clash)} "
+            f"would share the run dir {clash}; give values that differ in letters or digits"
+        )
     return key.strip(), values
+
+
+def run_name(key: str, value: str) -> str:
+    """The run dir name of one sweep value, always one plain name inside OUT: ``KEY=VALUE`` with
+    every character other than letters, digits and ``.,_+-=`` replaced by ``_`` (a value such as
+    ``../x`` or ``a/b`` can never name a dir elsewhere), and a leading dot made ``_``."""
+    name = re.sub(r"[^A-Za-z0-9.,_+\-=]", "_", f"{key}={value}")[:200]
+    return "_" + name[1:] if name.startswith(".") else name
 
 
 def run_sweep(
@@ -51,7 +75,7 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     out_dir = Path(out_dir)
     runs = []
     for value, config in zip(values, configs):
-        run_dir = out_dir / f"{key}={value}"
+        run_dir = out_dir / run_name(key, value)
         log(f"sweep {key}={value} -> {run_dir}")
         result = train(config, data_dir, run_dir, registry, progress=progress, log=log, force=force)
         runs.append(

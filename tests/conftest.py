@@ -11,6 +11,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the suite runs on two workers (pyproject's addopts): one thread each, and for every CLI
+    # process a test starts, so processes x threads stays within the machine's cores
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
+
 
 def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
     """``python -m receipt_embed ARGS`` in a new process, so plugin discovery is fresh."""

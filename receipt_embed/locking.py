@@ -17,11 +17,9 @@ import errno
 import fcntl
 import json
 import os
-import signal
 import socket
 import stat
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -30,6 +28,7 @@ from pathlib import Path
 
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import parse_json
+from receipt_embed.stops import StoppedBySignal, as_stop, signal_name, signals_stop_the_command, sigterm_unwinds
 
 HELD_LOCKS_ENV = "RECEIPT_EMBED_HELD_LOCKS"  # os.pathsep-separated lock files a parent process holds
 _held: dict[str, int] = {}  # lock file -> how many nested holds this process has on it
@@ -37,15 +36,6 @@ _held: dict[str, int] = {}  # lock file -> how many nested holds this process ha
 
 class DirLocked(BadInput):
     """Another live process is writing the dir; the message names it (one line)."""
-
-
-class StoppedBySignal(SystemExit):
-    """SIGTERM arrived while a writer held its lock: unwinds it (exit code 143) so it cleans up."""
-
-    reported = False  # the innermost lock it unwinds says so in one line
-
-
-_received: list[int] = []  # exit codes of the stop signals this process received while holding a lock
 
 
 class UnusableLockFile(BadInput):
@@ -232,11 +222,11 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         _held[key] = 1
         _descriptors[key] = fd
         try:
-            with _sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
+            with sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
                 _write_holder(fd, path, record)
                 yield path
         except BaseException as exc:
-            stop = _as_stop(exc, out)
+            stop = as_stop(exc, out)
             if stop is None or stop is exc:
                 raise
             raise stop from None
@@ -250,66 +240,6 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
                 pass
     finally:
         os.close(fd)
-
-
-def _as_stop(exc: BaseException, out) -> StoppedBySignal | None:
-    """The stop ``exc`` stands for, said once in one line; None for an ordinary error. The signal's
-    exception may arrive as another one (raised inside an import or C extension that wraps what it
-    catches): a signal received means a stop all the same."""
-    stop = exc if isinstance(exc, StoppedBySignal) else StoppedBySignal(_received[-1]) if _received else None
-    if stop is not None and not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
-        stop.reported = True
-        print(f"stopped by {signal_name(stop)}: {out} left as it was", file=sys.stderr, flush=True)
-    return stop
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) in the main thread, so a writer stopped by it removes its lock
-    and its staging dir on the way out (a handler installed inside, e.g. training's, takes precedence)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        _received.append(128 + signum)
-        raise StoppedBySignal(128 + signum)
-
-    _received.clear()
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
-    """For a whole command: SIGINT and SIGTERM raise :class:`StoppedBySignal` (exit 130 or 143) in the
-    main thread, so a stop outside any lock is the same one line and exit code as inside one, not
-    click's "Aborted!" with exit 1 nor a silent death by the signal."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        _received.append(128 + signum)
-        raise StoppedBySignal(128 + signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items() if restore else ():  # the program itself keeps them to its end
-            signal.signal(sig, handler)
-
-
-def signal_name(stop: SystemExit) -> str:
-    """``SIGTERM`` for the stop ``StoppedBySignal(143)``."""
-    try:
-        return signal.Signals(stop.code - 128).name
-    except (TypeError, ValueError):
-        return "a signal"
 
 
 def _held_by_an_ancestor(path: Path) -> bool:

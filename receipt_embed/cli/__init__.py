@@ -86,7 +86,7 @@ class LazyGroup(click.Group):
         line and exit code 2, never a traceback."""
         if sys.stdout is not None and not isinstance(sys.stdout, _GuardedStdout):
             sys.stdout = _GuardedStdout(sys.stdout)
-        from receipt_embed.locking import StoppedBySignal, signal_name, signals_stop_the_command
+        from receipt_embed.stops import StoppedBySignal, signal_name, signals_stop_the_command
 
         try:
             try:

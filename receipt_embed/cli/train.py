@@ -51,61 +51,6 @@ def plugins_to_load(app, configured: str | None) -> str | None:
     return configured
 
 
-def launch_torchrun(nproc: int, out: Path) -> int:
-    """Re-run this command line under torchrun with ``nproc`` processes; returns its exit code.
-
-    SIGINT/SIGTERM are passed on to torchrun (which stops the ranks; rank 0 saves last.pt)
-    and the launcher waits for it, then exits with 130 as a single-process run would. The
-    launcher holds the run dir's writer lock and tells the ranks so (``HELD_LOCKS_ENV``)."""
-    import os
-    import shlex
-    import signal
-    import subprocess
-
-    args, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            args.append(arg)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "receipt_embed",
-        *args,
-    ]
-    click.echo(
-        "launching "
-        + shlex.join(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "receipt_embed", *args]),
-        err=True,
-    )
-    from receipt_embed.locking import held_locks_env
-
-    child = subprocess.Popen(command, env={**os.environ, **held_locks_env(out)})
-    received = []
-
-    def forward(signum, frame):
-        received.append(signum)
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = child.wait()
-        while child.poll() is None:  # a signal interrupted the wait
-            code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 130 if received else code
-
-
 def worker_message(exc: Exception) -> str:
     """An error re-raised from a DataLoader worker carries the worker's traceback in its
     message; the user needs its last line."""
@@ -269,6 +214,8 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
             preflight(config, data_dir, out, resume, nproc, force)
         except (CheckpointError, FileNotFoundError, BadInput) as exc:
             raise InputError(str(exc)) from None
+        from receipt_embed.cli.launch import launch_torchrun
+
         raise SystemExit(launch_torchrun(nproc, out))
     progress = not quiet and sys.stderr.isatty()
     log = lambda message: click.echo(message, err=True)  # noqa: E731

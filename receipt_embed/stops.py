@@ -1,0 +1,85 @@
+"""How SIGINT and SIGTERM stop a command: one line, the signal's exit code, nothing half-written.
+
+In the main thread a stop signal raises :class:`StoppedBySignal` (a ``SystemExit`` with code 130
+or 143), so a writer unwinds through its ``finally`` blocks: its lock is released and its
+staging copy removed, and the innermost writer says in one line which dir was left as it was.
+Training installs its own handler inside (a flag checked between steps, so ``last.pt`` is saved
+after a whole step); the program's exit path is in ``receipt_embed.cli.run``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class StoppedBySignal(SystemExit):
+    """SIGTERM arrived while a writer held its lock: unwinds it (exit code 143) so it cleans up."""
+
+    reported = False  # the innermost lock it unwinds says so in one line
+
+
+received: list[int] = []  # exit codes of the stop signals this process received while holding a lock
+
+
+def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
+    """The stop ``exc`` stands for, said once in one line; None for an ordinary error. The signal's
+    exception may arrive as another one (raised inside an import or C extension that wraps what it
+    catches): a signal received means a stop all the same."""
+    stop = exc if isinstance(exc, StoppedBySignal) else StoppedBySignal(received[-1]) if received else None
+    if stop is not None and not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
+        stop.reported = True
+        print(f"stopped by {signal_name(stop)}: {out} left as it was", file=sys.stderr, flush=True)
+    return stop
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) in the main thread, so a writer stopped by it removes its lock
+    and its staging dir on the way out (a handler installed inside, e.g. training's, takes precedence)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        received.append(128 + signum)
+        raise StoppedBySignal(128 + signum)
+
+    received.clear()
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
+    """For a whole command: SIGINT and SIGTERM raise :class:`StoppedBySignal` (exit 130 or 143) in the
+    main thread, so a stop outside any lock is the same one line and exit code as inside one, not
+    click's "Aborted!" with exit 1 nor a silent death by the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        received.append(128 + signum)
+        raise StoppedBySignal(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items() if restore else ():  # the program itself keeps them to its end
+            signal.signal(sig, handler)
+
+
+def signal_name(stop: SystemExit) -> str:
+    """``SIGTERM`` for the stop ``StoppedBySignal(143)``."""
+    try:
+        return signal.Signals(stop.code - 128).name
+    except (TypeError, ValueError):
+        return "a signal"

@@ -365,3 +365,45 @@ def test_jpeg_bytes_decode_to_the_simulated_capture():
     data = capture_jpeg(scan, DEVICES[2], seed=9)
     with Image.open(io.BytesIO(data)) as decoded:
         assert np.array_equal(np.asarray(decoded.convert("RGB")), np.asarray(simulate_capture(scan, DEVICES[2], 9)))
+
+
+def test_scans_listed_with_metadata_carry_it_and_identical_bytes_share_a_receipt(tmp_path):
+    """Issue 15: `--from-scans` carries a listing's metadata (company as merchant, date, total) into
+    the manifest, and byte-identical scans are one receipt (not a false alarm, not split apart)."""
+    import json
+    import shutil
+
+    from receipt_embed.samples import read_scans
+
+    folder = tmp_path / "scans"
+    (folder / "images").mkdir(parents=True)
+    render_receipt(make_receipt(5, 0)).save(folder / "images" / "000.png")
+    render_receipt(make_receipt(5, 1)).save(folder / "images" / "001.png")
+    shutil.copyfile(folder / "images" / "000.png", folder / "images" / "002.png")  # the same paper scanned twice
+    listing = [
+        {"path": "images/000.png", "scan_id": "000", "company": "SHOP A", "date": "25/12/2018", "total": 9.0},
+        {"path": "images/001.png", "scan_id": "001", "company": "SHOP A", "date": "19/10/2018", "width": 351},
+        {"path": "images/002.png", "scan_id": "002", "company": "SHOP A (copy)", "date": "x", "total": "1"},
+    ]
+    (folder / "receipts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in listing))
+    scans = read_scans(folder)
+    assert [(s.name, s.receipt_id) for s in scans] == [("000", "000"), ("001", "001"), ("002", "000")]
+    manifest = capture_scans(scans, tmp_path / "out", devices=2, seed=1)
+    columns, rows = read_manifest(manifest)
+    assert columns == [*MANIFEST_COLUMNS, "date", "total"]  # width is what ingest measures itself
+    by_path = {row["path"]: row for row in rows}
+    assert by_path["images/002_phone_a.jpg"] | {"path": ""} == by_path["images/000_phone_a.jpg"] | {"path": ""}
+    assert (
+        by_path["images/000_phone_a.jpg"]["merchant"] == "SHOP A"
+        and by_path["images/000_phone_a.jpg"]["total"] == "9.0"
+    )
+    assert by_path["images/001_phone_b.jpg"]["total"] == ""
+    out = tmp_path / "out" / "images"
+    assert (out / "002_phone_a.jpg").read_bytes() != (out / "000_phone_a.jpg").read_bytes()  # two captures of it
+
+    (folder / "receipts.jsonl").write_text(json.dumps({"path": "../elsewhere.png"}) + "\n")
+    with pytest.raises(ValueError, match=r"receipts.jsonl, line 1: ../elsewhere.png is not a file inside"):
+        read_scans(folder)
+    (folder / "receipts.jsonl").write_text('{"path": "images/000.png", "company": ["a"]}\n')
+    with pytest.raises(ValueError, match="line 1: company is list; metadata must be text or a number"):
+        read_scans(folder)

@@ -78,13 +78,16 @@ def make_samples(
     if scans_dir is not None:
         if ctx.get_parameter_source("receipts") is not ParameterSource.DEFAULT:
             raise click.UsageError("--receipts cannot be combined with --from-scans (every scan is used).")
-        scans = samples.find_scans(scans_dir)
+        try:
+            scans = samples.read_scans(scans_dir)
+        except BadInput as err:
+            raise InputError(str(err)) from None
         if not scans:
             raise click.BadParameter(
                 f"no receipt images ({', '.join(sorted(samples.SCAN_SUFFIXES))}) in {scans_dir}.",
                 param_hint="--from-scans",
             )
-        receipts = len(scans)
+        receipts = len({scan.receipt_id for scan in scans})
     elif receipts < 1:
         raise click.BadParameter(f"must be at least 1, got {receipts}.", param_hint="--receipts")
 
@@ -99,8 +102,10 @@ def make_samples(
     except OSError as err:  # e.g. --out is a mount point, which cannot be swapped for its new copy
         raise InputError(f"cannot write {out_dir}: {err.strerror or err}") from None
     names = ", ".join(d.name for d in samples.select_devices(devices))
+    sources = len(scans) if scans_dir is not None else receipts
+    what = f"{receipts} receipts" if sources == receipts else f"{sources} scans of {receipts} receipts"
     click.echo(
-        f"Wrote {receipts * devices} captures ({receipts} receipts x {devices} devices: {names}) "
+        f"Wrote {sources * devices} captures ({what} x {devices} devices: {names}) "
         f"and {manifest} in {time.perf_counter() - started:.1f}s"
     )
 

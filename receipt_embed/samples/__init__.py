@@ -4,22 +4,17 @@ The bundled ``data_samples/`` set comes from here: shop templates shared by many
 (:mod:`.shops`), per-receipt content (:mod:`.receipts`), rendering to a flat scan
 (:mod:`.render`), device profiles (:mod:`.devices`) with their surfaces
 (:mod:`.backgrounds`), the capture simulation that works on any scan (:mod:`.capture`),
-and writing a set with its manifest (:mod:`.generate`). Same seed and arguments, same
+existing scans with their metadata (:mod:`.scans`), and writing a set with its manifest
+(:mod:`.generate`). Same seed and arguments, same
 bytes.
 """
 
 from receipt_embed.samples.capture import capture_jpeg, simulate_capture
 from receipt_embed.samples.devices import DEVICES, DeviceProfile, select_devices
-from receipt_embed.samples.generate import (
-    MANIFEST_COLUMNS,
-    SCAN_SUFFIXES,
-    capture_scans,
-    capture_seed,
-    find_scans,
-    make_samples,
-)
+from receipt_embed.samples.generate import MANIFEST_COLUMNS, capture_scans, capture_seed, find_scans, make_samples
 from receipt_embed.samples.receipts import LineItem, Receipt, make_receipt
 from receipt_embed.samples.render import render_receipt
+from receipt_embed.samples.scans import SCAN_SUFFIXES, Scan, read_scans
 from receipt_embed.samples.shops import SHOPS, ShopTemplate
 
 __all__ = [
@@ -30,6 +25,7 @@ __all__ = [
     "DeviceProfile",
     "LineItem",
     "Receipt",
+    "Scan",
     "ShopTemplate",
     "capture_jpeg",
     "capture_scans",
@@ -37,6 +33,7 @@ __all__ = [
     "find_scans",
     "make_receipt",
     "make_samples",
+    "read_scans",
     "render_receipt",
     "select_devices",
     "simulate_capture",

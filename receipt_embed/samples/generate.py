@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -24,9 +23,9 @@ from receipt_embed.samples.capture import capture_jpeg
 from receipt_embed.samples.devices import DeviceProfile, select_devices
 from receipt_embed.samples.receipts import make_receipt
 from receipt_embed.samples.render import render_receipt
+from receipt_embed.samples.scans import Scan, read_scans, scans_of_paths
 
 MANIFEST_COLUMNS = ("path", "receipt_id", "device", "merchant")
-SCAN_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp"})
 
 Progress = Callable[[int], object]
 
@@ -48,36 +47,40 @@ def make_samples(
         raise BadInput(f"receipts must be at least 1, got {receipts}")
     profiles = select_devices(devices)
 
-    def sources() -> Iterator[tuple[str, str, Image.Image]]:
+    def sources() -> Iterator[tuple[str, str, dict, Image.Image]]:
         for index in range(receipts):
             receipt = make_receipt(seed, index)
-            yield receipt.receipt_id, receipt.shop.name, render_receipt(receipt)
+            yield receipt.receipt_id, receipt.receipt_id, {"merchant": receipt.shop.name}, render_receipt(receipt)
 
     return _write_set(Path(out_dir), sources(), profiles, seed, progress)
 
 
 def capture_scans(
-    scan_paths: Iterable[str | Path], out_dir: str | Path, devices: int, seed: int = 0, progress: Progress | None = None
+    scans: Iterable[Scan | str | Path],
+    out_dir: str | Path,
+    devices: int,
+    seed: int = 0,
+    progress: Progress | None = None,
 ) -> Path:
     """Capture existing receipt scans with the first ``devices`` profiles.
 
-    The receipt id is each file's stem, so stems must be unique; ``merchant`` is left
-    empty. Returns the manifest path.
+    ``scans`` come from :func:`~receipt_embed.samples.scans.read_scans` (with their metadata and
+    one receipt id per set of byte-identical files), or are file paths (each stem an id, names
+    unique). Returns the manifest path.
     """
-    paths = [Path(p) for p in scan_paths]
-    if not paths:
+    scans = list(scans)
+    if not scans:
         raise BadInput("no scans given")
-    repeated = sorted(stem for stem, n in Counter(p.stem for p in paths).items() if n > 1)
-    if repeated:
-        raise BadInput(f"scan file names must have unique stems (they become receipt ids): {repeated}")
+    if not all(isinstance(s, Scan) for s in scans):
+        scans = scans_of_paths(scans)
     profiles = select_devices(devices)
-    sources = ((path.stem, "", _load_scan(path)) for path in paths)
+    sources = ((s.name, s.receipt_id, {"merchant": "", **s.metadata}, _load_scan(s.path)) for s in scans)
     return _write_set(Path(out_dir), sources, profiles, seed, progress)
 
 
 def find_scans(folder: str | Path) -> list[Path]:
-    """The image files directly in ``folder`` (by suffix, see :data:`SCAN_SUFFIXES`), sorted."""
-    return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in SCAN_SUFFIXES)
+    """The scan files of ``folder``: those its ``receipts.jsonl`` lists, else its images, sorted."""
+    return [scan.path for scan in read_scans(folder)]
 
 
 def _load_scan(path: Path) -> Image.Image:
@@ -90,25 +93,27 @@ def _load_scan(path: Path) -> Image.Image:
 
 def _write_set(
     out_dir: Path,
-    sources: Iterable[tuple[str, str, Image.Image]],
+    sources: Iterable[tuple[str, str, dict, Image.Image]],
     profiles: tuple[DeviceProfile, ...],
     seed: int,
     progress: Progress | None,
 ) -> Path:
-    """Write every capture, then the manifest (last, so a failed run leaves none)."""
+    """Write every capture of each (name, receipt id, metadata, image), then the manifest (last, so
+    a failed run leaves none): :data:`MANIFEST_COLUMNS`, then any other metadata in first-seen order."""
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for receipt_id, merchant, image in sources:
+    rows, columns = [], list(MANIFEST_COLUMNS)
+    for name, receipt_id, metadata, image in sources:
+        columns += [key for key in metadata if key not in columns]
         for device in profiles:
-            relative = f"images/{receipt_id}_{device.name}.jpg"
-            data = capture_jpeg(image, device, capture_seed(seed, receipt_id, device.name))
+            relative = f"images/{name}_{device.name}.jpg"
+            data = capture_jpeg(image, device, capture_seed(seed, name, device.name))
             (out_dir / relative).write_bytes(data)
-            rows.append((relative, receipt_id, device.name, merchant))
+            rows.append({"path": relative, "receipt_id": receipt_id, "device": device.name, **metadata})
             if progress is not None:
                 progress(1)
     manifest = out_dir / "manifest.csv"
     with manifest.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(MANIFEST_COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="", lineterminator="\n")
+        writer.writeheader()
         writer.writerows(rows)
     return manifest

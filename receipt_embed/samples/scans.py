@@ -1,0 +1,121 @@
+"""Existing receipt scans as a sample source: which files, which receipt each is, and its metadata.
+
+A scans folder holds image files directly, or lists them in a ``receipts.jsonl`` (one JSON
+object per scan: ``path`` relative to the folder, an optional ``scan_id``, and metadata such as
+``company``, ``date`` and ``total``), as the SROIE subset does. Listed metadata goes into the
+set's manifest, ``company`` as ``merchant``, so an audit or a benchmark can tell a same-shop
+sibling from the receipt itself. Byte-identical scans are one paper receipt: they share one
+receipt id (the first one's), so a true duplicate is never counted as a false alarm nor split
+between train and held-out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from receipt_embed.errors import BadInput
+from receipt_embed.fileio import parse_json
+from receipt_embed.userfiles import UnusableFile, read_regular, read_regular_text
+
+LISTING = "receipts.jsonl"
+SCAN_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp"})
+MAX_LISTING_BYTES = 64 * 1024 * 1024
+MAX_SCAN_BYTES = 64 * 1024 * 1024
+# listing fields that are not carried as metadata: where the scan is, its id, and what ingest
+# measures itself (width, height, ...: the capture's, not the scan's)
+_NOT_METADATA = {"path", "scan_id", "company", "receipt_id", "device", "merchant"}
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One scan file: ``name`` names its captures, ``receipt_id`` is shared by byte-identical scans."""
+
+    path: Path
+    name: str
+    receipt_id: str
+    metadata: dict[str, str] = field(default_factory=dict)  # manifest columns, e.g. merchant, date, total
+
+
+def read_scans(folder: str | Path) -> list[Scan]:
+    """The scans of ``folder``: those its ``receipts.jsonl`` lists, else its image files (sorted)."""
+    folder = Path(folder)
+    listing = folder / LISTING
+    if listing.exists() or listing.is_symlink():
+        scans = _listed_scans(folder, listing)
+    else:
+        paths = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SCAN_SUFFIXES)
+        scans = [Scan(p, p.stem, p.stem) for p in paths]
+    return same_receipt_for_identical_bytes(scans)
+
+
+def scans_of_paths(paths) -> list[Scan]:
+    """Scans named by file, without metadata (each file's stem is its id)."""
+    return same_receipt_for_identical_bytes([Scan(Path(p), Path(p).stem, Path(p).stem) for p in paths])
+
+
+def same_receipt_for_identical_bytes(scans: list[Scan]) -> list[Scan]:
+    """Byte-identical scans get the receipt id and metadata of the first of them; names must be unique."""
+    repeated = sorted(name for name, n in Counter(s.name for s in scans).items() if n > 1)
+    if repeated:
+        raise BadInput(
+            f"scan names (file stems or scan_id) must be unique stems of the captures: {', '.join(repeated[:10])}"
+        )
+    first: dict[str, Scan] = {}
+    out = []
+    for scan in scans:
+        digest = _sha256(scan.path)
+        original = first.setdefault(digest, scan)
+        out.append(Scan(scan.path, scan.name, original.receipt_id, original.metadata))
+    return out
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(read_regular(path, MAX_SCAN_BYTES)).hexdigest()
+    except (UnusableFile, OSError) as exc:
+        raise BadInput(f"cannot read scan {path}: {exc}") from None
+
+
+def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
+    from receipt_embed.ingest.manifest import RESERVED_COLUMNS
+
+    try:
+        text = read_regular_text(listing, MAX_LISTING_BYTES)
+    except (UnusableFile, OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{listing}: {exc}") from None
+    root = folder.resolve()
+    scans = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = parse_json(line)
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"{listing}, line {number}: invalid JSON ({exc.msg})") from None
+        where = f"{listing}, line {number}"
+        if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
+            raise BadInput(f"{where}: expected a JSON object with a 'path' (the scan, relative to {folder})")
+        path = folder / row["path"]
+        if not path.resolve().is_relative_to(root) or not path.is_file():
+            raise BadInput(f"{where}: {row['path']} is not a file inside {folder}")
+        name = str(row.get("scan_id") or path.stem)
+        metadata = {"merchant": _text(row.get("company"), where, "company")}
+        for key, value in row.items():
+            if key not in _NOT_METADATA and key not in RESERVED_COLUMNS:
+                metadata[key] = _text(value, where, key)
+        scans.append(Scan(path, name, name, metadata))
+    if not scans:
+        raise BadInput(f"{listing} lists no scans")
+    return scans
+
+
+def _text(value, where: str, key: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise BadInput(f"{where}: {key} is {type(value).__name__}; metadata must be text or a number")
+    return str(value).strip()

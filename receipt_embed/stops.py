@@ -36,45 +36,42 @@ def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
     return stop
 
 
+def _raise_stop(signum, frame):
+    received.append(128 + signum)
+    raise StoppedBySignal(128 + signum)
+
+
+@contextmanager
+def _stopping_on(signals: tuple, restore: bool = True) -> Iterator[None]:
+    """``signals`` raise :class:`StoppedBySignal` in the main thread while inside (elsewhere: left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items() if restore else ():
+            signal.signal(sig, handler)
+
+
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """SIGTERM raises SystemExit(143) in the main thread, so a writer stopped by it removes its lock
     and its staging dir on the way out (a handler installed inside, e.g. training's, takes precedence)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        received.append(128 + signum)
-        raise StoppedBySignal(128 + signum)
-
     received.clear()
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
+    with _stopping_on((signal.SIGTERM,)):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
 def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
-    """For a whole command: SIGINT and SIGTERM raise :class:`StoppedBySignal` (exit 130 or 143) in the
-    main thread, so a stop outside any lock is the same one line and exit code as inside one, not
-    click's "Aborted!" with exit 1 nor a silent death by the signal."""
-    if threading.current_thread() is not threading.main_thread():
+    """For a whole command: SIGINT and SIGTERM raise :class:`StoppedBySignal` (exit 130 or 143), so a
+    stop outside any lock is the same one line and exit code as inside one, not click's "Aborted!"
+    with exit 1 nor a silent death by the signal. The program itself keeps them to its end
+    (``restore=False``); its exit path takes over in ``receipt_embed.cli.run``."""
+    with _stopping_on((signal.SIGINT, signal.SIGTERM), restore):
         yield
-        return
-
-    def stop(signum, frame):
-        received.append(128 + signum)
-        raise StoppedBySignal(128 + signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items() if restore else ():  # the program itself keeps them to its end
-            signal.signal(sig, handler)
 
 
 def signal_name(stop: SystemExit) -> str:

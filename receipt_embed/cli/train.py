@@ -197,6 +197,19 @@ def _config_and_registry(ctx, out_dir, resume: bool, config_file, overrides):
     return config_with(config, values={"plugins": {"dir": loading if loading is not None else recorded}}), registry
 
 
+def _launch(config, data_dir, out, resume, nproc, force) -> None:
+    """``--nproc N`` in the launcher: the checks every rank would make, once, then torchrun."""
+    from receipt_embed.cli.launch import launch_torchrun
+    from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.training.resume import preflight
+
+    try:
+        preflight(config, data_dir, out, resume, nproc, force)
+    except (CheckpointError, FileNotFoundError, BadInput) as exc:
+        raise InputError(str(exc)) from None
+    raise SystemExit(launch_torchrun(nproc, out))
+
+
 def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world) -> None:
     """The run itself, under the run dir's writer lock."""
     import os
@@ -205,18 +218,11 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     from receipt_embed.plugin_manager import PluginLoadError
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
-    from receipt_embed.training.resume import preflight
     from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
     from receipt_embed.training.trainer import train as run_training
 
     if nproc > 1 and world == 1:
-        try:
-            preflight(config, data_dir, out, resume, nproc, force)
-        except (CheckpointError, FileNotFoundError, BadInput) as exc:
-            raise InputError(str(exc)) from None
-        from receipt_embed.cli.launch import launch_torchrun
-
-        raise SystemExit(launch_torchrun(nproc, out))
+        _launch(config, data_dir, out, resume, nproc, force)
     progress = not quiet and sys.stderr.isatty()
     log = lambda message: click.echo(message, err=True)  # noqa: E731
 

@@ -24,7 +24,7 @@ def _meets_its_kind(kind: str, component) -> None:
         f"a {kind} needs {', '.join(spec.needs)}; this {type(component).__name__} lacks {', '.join(missing)}"
     )
     problem = spec.check_values(component) if spec.check_values else None
-    assert not problem, f"a {kind} {type(component).__name__} {problem}"
+    assert not problem, f"{type(component).__name__} breaks the {kind} contract: {problem.removeprefix('whose ')}"
 
 
 def _two_view_batch(identities: int, dim: int, seed: int):
@@ -113,9 +113,10 @@ def check_augmentation(transform, *, image_size=(128, 64), source_size=(180, 100
 
 def check_sampler(sampler, labels, *, epochs: int = 2, two_view: bool = False) -> None:
     """Batches of valid capture indices, ``len(sampler)`` of them, the same for the same epoch,
-    each laid out as the sampler's ``batch_layout`` declares (``receipt_embed.batch_layout``).
-    With ``two_view`` (a sampler meant for the two-view losses: ntxent, moco, align_uniform,
-    vicreg, ...) it must declare ``two_view``: ``[first views of B receipts; second views]``."""
+    each laid out as the sampler's ``batch_layout`` declares (``receipt_embed.batch_layout``),
+    which is always checked. With ``two_view`` (a sampler meant for the two-view losses: ntxent,
+    moco, align_uniform, vicreg, ...) it must also declare ``two_view``. Returns None; a broken
+    rule raises AssertionError saying which."""
     from receipt_embed.batch_layout import TWO_VIEW, layout_problem
 
     _meets_its_kind("sampler", sampler)

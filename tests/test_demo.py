@@ -54,3 +54,39 @@ def test_full_demo_learns(cli, tmp_path):
     assert result.returncode == 0, result.stderr
     figures = json.loads((tmp_path / "demo" / "heldout_retrieval.json").read_text())
     assert figures["head"]["recall_at_1"] >= 0.9, figures  # train.select_on: head
+
+
+def test_a_demo_stopped_in_training_exits_130_saying_how_to_go_on(tmp_path):
+    """New-user trial: SIGTERM while the demo trained came out as an internal error, exit 1, with a
+    `--resume` hint that `demo` does not take."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import TINY_TRAINING
+
+    out = tmp_path / "demo"
+    settings = [arg for setting in [*TINY_TRAINING, "train.epochs=500"] for arg in ("--set", setting)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "receipt_embed", "demo", "--out", str(out), "-q", *settings],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not (out / "run" / "checkpoints" / "last.pt").exists():  # in training, past its first epoch
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.2)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err
+    assert "internal error" not in err and "Traceback" not in err, err
+    assert (
+        f"the demo's index and audit were not made: run it again with `receipt-embed demo --out {out} --force`" in err
+    )
+    assert f"`receipt-embed train --out {out / 'run'} --resume`" in err

@@ -734,6 +734,11 @@ class OutOfRange(NoEpochs):
 class Sideways(OutOfRange):
     batch_layout = "sideways"
 
+class Raising(OutOfRange):
+    def __iter__(self):
+        yield [0, 1]  # a first batch trains, the second fails inside the plugin
+        raise RuntimeError("boom in my sampler")
+
 class FalseTwoView(OutOfRange):
     batch_layout = "two_view"
     def __iter__(self):
@@ -770,6 +775,7 @@ def register_samplers(register):
     register("no_epochs", lambda identities, batch_size, seed: NoEpochs(identities, batch_size))
     register("out_of_range", lambda identities, batch_size, seed: OutOfRange(identities, batch_size))
     register("sideways", lambda identities, batch_size, seed: Sideways(identities, batch_size))
+    register("raising", lambda identities, batch_size, seed: Raising(identities, batch_size))
     register("false_two_view", lambda identities, batch_size, seed: FalseTwoView(identities, batch_size))
 """
 
@@ -824,6 +830,11 @@ def register_samplers(register):
             "sampler.name=sideways",
             r"sampler 'sideways' \(from plugin 'broken_components'\) built a Sideways whose batch_layout is "
             r"'sideways'; it must be one of two_view, any",
+        ),
+        (
+            "sampler.name=raising",
+            r"sampler 'raising' \(from plugin 'broken_components'\) failed while yielding a batch: "
+            r"RuntimeError: boom in my sampler at .*broken_components.py:\d+",
         ),
         (
             "sampler.name=false_two_view",

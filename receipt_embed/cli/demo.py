@@ -170,7 +170,7 @@ def _ingest_step(config, source: Path, out: Path, progress: bool) -> None:
 def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> None:
     """Train, then the held-out retrieval of the best checkpoint (``heldout_retrieval.json``)."""
     from receipt_embed.fileio import atomic_write_json
-    from receipt_embed.training.trainer import train
+    from receipt_embed.training.trainer import TrainingInterrupted, train
 
     click.echo(
         f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
@@ -188,6 +188,14 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
         )
     except _plugin_failures() as exc:
         raise InputError(str(exc)) from None
+    except TrainingInterrupted as exc:  # the run's last.pt is saved; the demo's later steps never ran
+        click.echo(
+            f"{str(exc).removesuffix('; continue with --resume')}; the demo's index and audit were not made: "
+            f"run it again with `receipt-embed demo --out {out} --force`, or finish the training with "
+            f"`receipt-embed train --out {out / 'run'} --resume`",
+            err=True,
+        )
+        raise SystemExit(130) from None
     click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
     atomic_write_json(out / "heldout_retrieval.json", figures)

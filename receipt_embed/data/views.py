@@ -7,6 +7,7 @@ not the run was interrupted and resumed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import operator
 from collections.abc import Iterator
@@ -81,13 +82,19 @@ def _valid_index(index, n: int) -> bool:
         return False
 
 
+_END = object()
+
+
 class SeededBatches:
     """Wraps a sampler's batches of capture indices into batches of (index, view seed),
     starting at ``start_step`` (to resume mid-epoch). Given the captures' ``labels``, each batch
     is checked against the layout the sampler declares (``receipt_embed.batch_layout``)."""
 
-    def __init__(self, sampler, seed: int, n_captures: int | None = None, source: str = "the sampler", labels=None):
+    def __init__(
+        self, sampler, seed: int, n_captures: int | None = None, source: str = "the sampler", labels=None, guard=None
+    ):
         self.sampler, self.seed, self.n_captures, self.source = sampler, seed, n_captures, source
+        self.guard = guard or contextlib.nullcontext  # around the sampler's own code: names a plugin that fails
         self.labels, self.layout = labels, declared_layout(sampler) or ANY
         self.epoch, self.start_step = 0, 0
 
@@ -98,8 +105,18 @@ class SeededBatches:
     def __len__(self) -> int:
         return max(0, len(self.sampler) - self.start_step)
 
+    def _sampler_batches(self) -> Iterator:
+        with self.guard():
+            iterator = iter(self.sampler)
+        while True:
+            with self.guard():
+                batch = next(iterator, _END)
+            if batch is _END:
+                return
+            yield batch
+
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        for step, batch in enumerate(self.sampler):
+        for step, batch in enumerate(self._sampler_batches()):
             if step < self.start_step:
                 continue
             if self.n_captures is not None:

@@ -51,7 +51,8 @@ def build_batches(config: Config, registry, train_set, log) -> tuple[object, See
     )
     check_built(registry, "sampler", name, sampler)
     source = f"sampler {name!r} (from plugin {registry.get('sampler', name).plugin!r})"
-    return sampler, SeededBatches(sampler, train_cfg.seed, len(train_set), source, labels=train_set.labels)
+    guard = lambda: plugin_errors(registry, "sampler", name, "yielding a batch")  # noqa: E731
+    return sampler, SeededBatches(sampler, train_cfg.seed, len(train_set), source, train_set.labels, guard)
 
 
 def build_views(config: Config, registry, train_set, train_cache) -> ViewDataset:

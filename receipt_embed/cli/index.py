@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import FiniteFloatRange, InputError, load_registry
+from receipt_embed.cli.options import InputError, index_build_options, load_registry
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -53,26 +53,7 @@ from receipt_embed.errors import BadInput
     help="With --embeddings: manifest (CSV/JSONL or dataset dir) whose row i is embedding row i.",
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
-@click.option(
-    "--factory",
-    default="Flat",
-    show_default=True,
-    help="FAISS index-factory string: Flat (exact), HNSW32, IVF1024,Flat, IVF4096,PQ64, ...",
-)
-@click.option(
-    "--target-recall",
-    type=FiniteFloatRange(0, 1),
-    default=0.95,
-    show_default=True,
-    help="Approximate indexes: raise nprobe/efSearch until recall@10 against exact search reaches this.",
-)
-@click.option(
-    "--train-size",
-    type=click.IntRange(min=1),
-    default=100_000,
-    show_default=True,
-    help="Approximate indexes: vectors sampled to train the quantizers.",
-)
+@index_build_options
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per forward pass."
 )
@@ -219,21 +200,7 @@ def _summary(meta: dict, out_dir, target_recall: float) -> str:
 @click.command("index-merge")
 @click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
-@click.option("--factory", default="Flat", show_default=True, help="FAISS index-factory string (as for `index`).")
-@click.option(
-    "--target-recall",
-    type=FiniteFloatRange(0, 1),
-    default=0.95,
-    show_default=True,
-    help="Approximate indexes: tune search parameters to this recall@10 against exact search.",
-)
-@click.option(
-    "--train-size",
-    type=click.IntRange(min=1),
-    default=100_000,
-    show_default=True,
-    help="Approximate indexes: vectors sampled across all shards to train the one shared quantizer.",
-)
+@index_build_options
 @click.option("--quiet", "-q", is_flag=True, help="Less output.")
 @click.option("--force", is_flag=True, help="Replace an existing index dir in --out (swapped in once complete).")
 def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet, force):

@@ -45,6 +45,37 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+def index_build_options(command):
+    """``--factory``, ``--target-recall`` and ``--train-size``: how ``index`` and ``index-merge`` build
+    the FAISS index (``indexing.factory.build_index``)."""
+    for option in reversed(
+        (
+            click.option(
+                "--factory",
+                default="Flat",
+                show_default=True,
+                help="FAISS index-factory string: Flat (exact), HNSW32, IVF1024,Flat, IVF4096,PQ64, ...",
+            ),
+            click.option(
+                "--target-recall",
+                type=FiniteFloatRange(0, 1),
+                default=0.95,
+                show_default=True,
+                help="Approximate indexes: raise nprobe/efSearch until recall@10 against exact search reaches this.",
+            ),
+            click.option(
+                "--train-size",
+                type=click.IntRange(min=1),
+                default=100_000,
+                show_default=True,
+                help="Approximate indexes: vectors sampled to train the quantizers (across all shards when merging).",
+            ),
+        )
+    ):
+        command = option(command)
+    return command
+
+
 def config_options(command):
     """Add ``--config FILE`` and repeatable ``--set key.path=value`` to a command."""
 

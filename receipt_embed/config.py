@@ -126,6 +126,7 @@ class Config(_Section):
 # a config is a page of YAML; anything far larger is not one
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_NODES = 20_000  # YAML events (keys, values, brackets) in one config file
 DEFAULT_CONFIG = files("receipt_embed") / "configs" / "default.yaml"
 DEMO_CONFIG = files("receipt_embed") / "configs" / "demo.yaml"
 
@@ -159,8 +160,14 @@ def _explain(error: dict) -> str:
 def _refuse_aliases(text: str, path: Path) -> None:
     """A config never needs YAML aliases, and a few nested ones ("billion laughs") expand into
     more nodes than memory holds once OmegaConf copies the shared references; refuse any."""
-    depth = 0
+    depth, nodes = 0, 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        nodes += 1
+        if nodes > MAX_CONFIG_NODES:  # the config library copies each node several times: a long list crawls
+            raise ConfigError(
+                f"config file {path}, line {event.start_mark.line + 1}: more than {MAX_CONFIG_NODES} values; "
+                "a config never needs that many"
+            )
         if isinstance(event, yaml.AliasEvent):
             mark = event.start_mark
             raise ConfigError(
@@ -186,6 +193,8 @@ def _load_yaml(path: Path) -> dict:
         text = read_regular_text(path, MAX_CONFIG_BYTES)
         _refuse_aliases(text, path)
         data = yaml.safe_load(text)
+    except ConfigError:
+        raise
     except UnusableFile as exc:
         if exc.reason == "missing_file":
             raise ConfigError(f"config file not found: {path}") from None
@@ -197,6 +206,8 @@ def _load_yaml(path: Path) -> dict:
         problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise ConfigError(f"config file {path} is not valid YAML: {problem}{where}") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ConfigError(f"config file {path}: a value cannot be read ({str(exc).split(';')[0]})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -211,7 +222,7 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
             raise ConfigError(f"--set expects key.path=value, got '{item}'")
         try:
             layers.append(OmegaConf.from_dotlist([item]))
-        except (OmegaConfBaseException, yaml.YAMLError) as exc:
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:
             first_line = str(exc).strip().splitlines()[0]
             shown = item if len(item) <= 200 else item[:200] + f"... ({len(item)} characters)"
             raise ConfigError(f"cannot parse --set '{shown}': {first_line[:200]}") from None

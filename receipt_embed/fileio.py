@@ -151,6 +151,11 @@ def parse_json(text):
         return json.loads(text)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts (4300): no file of ours has one
+        doc = text if isinstance(text, str) else ""
+        raise json.JSONDecodeError("a number of more than 4300 digits", doc, 0) from None
 
 
 def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[dict], bool]:

@@ -109,3 +109,26 @@ def test_cli_config_command(cli, tmp_path):
     ):
         unknown = cli("config", "--set", f"{key}=bogus")
         assert unknown.returncode == 2 and f"unknown {kind} 'bogus'. Available: " in unknown.stderr
+
+
+def test_huge_numbers_and_long_lists_are_one_line_errors(tmp_path):
+    """Attack round 6: a 5000-digit integer (in a config, a --set, a JSON file) was an internal error
+    (Python converts at most 4300 digits), and a 200,000-item list hung the config library."""
+    import json
+
+    from receipt_embed.config import MAX_CONFIG_NODES, ConfigError, load_config
+    from receipt_embed.fileio import parse_json
+
+    digits = "9" * 5000
+    big = tmp_path / "big.yaml"
+    big.write_text(f"train: {{epochs: {digits}}}\n")
+    with pytest.raises(ConfigError, match=r"big.yaml: a value cannot be read \(Exceeds the limit \(4300 digits\)"):
+        load_config(big)
+    with pytest.raises(ConfigError, match="cannot parse --set 'train.epochs=9999"):
+        load_config(overrides=[f"train.epochs={digits}"])
+    with pytest.raises(json.JSONDecodeError, match="a number of more than 4300 digits"):
+        parse_json(f'{{"count": {digits}}}')
+    long = tmp_path / "long.yaml"
+    long.write_text("data: {image_size: [" + ",".join(["64"] * 200_000) + "]}\n")
+    with pytest.raises(ConfigError, match=f"long.yaml, line 1: more than {MAX_CONFIG_NODES} values"):
+        load_config(long)

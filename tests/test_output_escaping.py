@@ -153,3 +153,14 @@ def test_the_audits_first_line_escapes_the_attribute(crafted_index, tmp_path):
     with pytest.raises(_FirstLine):
         run_audit(index, ["de\x1b[31mv\u202e"], tmp_path / "report", log=first_line)
     assert len(lines) == 1 and lines[0].endswith(" items for de\\x1b[31mv\\u202e"), lines
+
+
+def test_an_index_dir_whose_name_is_not_utf8_gets_its_report(crafted_index, tmp_path):
+    """Attack round 6: the report's HTML held the dir name's undecodable bytes (as surrogates) and
+    could not be written: an internal error. They are shown escaped now."""
+    from receipt_embed.audit.run import run_audit
+
+    index = copy_index(crafted_index, tmp_path / "bad\udcff\udcfeidx")
+    run_audit(index, ["device"], tmp_path / "report", gallery=0)
+    html = (tmp_path / "report" / "audit.html").read_text(encoding="utf-8")
+    assert "bad\\udcff\\udcfeidx" in html

@@ -111,7 +111,8 @@ def run_audit(
         )
         with replace_dir(out, "audit", force) as staging:
             atomic_write_json(staging / AUDIT_JSON, figures)
-            atomic_write_text(staging / AUDIT_HTML, html)
+            # a path that is not UTF-8 (its bytes kept as surrogates) is shown escaped, as the report's text
+            atomic_write_text(staging / AUDIT_HTML, html.encode("utf-8", "backslashreplace").decode("utf-8"))
     return figures
 
 

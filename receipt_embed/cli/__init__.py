@@ -196,8 +196,21 @@ def run() -> None:
     _console = True
     try:
         main()
-    finally:
-        _stop_at_once_on_signals()
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    _stop_at_once_on_signals()
+    # then leave at once: the interpreter's own shutdown puts the default handlers back and spends
+    # a tenth of a second tearing torch down, long enough for a signal to kill the process silently
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe or full disk was reported already; nothing more to say
+            pass
+    os._exit(code or 0)
 
 
 def _stop_at_once_on_signals() -> None:

@@ -17,3 +17,13 @@ class BadInput(ValueError):
 
 class ComponentError(BadInput):
     """A plugin component could not be registered, found or built, or broke its contract."""
+
+
+class BadInputLines(BadInput):
+    """Bad input told in several lines (a headline, then one line per problem): each line is
+    escaped on its own when shown, so the message's own line breaks stay line breaks while a
+    newline inside a value from a file still cannot start a line."""
+
+    def __init__(self, headline: str, details: list[str]):
+        self.lines = [headline, *(f"  {detail}" for detail in details)]
+        super().__init__("\n".join(self.lines))

@@ -96,7 +96,7 @@ def _inner_entries_ours(path: Path, kind: str, entries: set[str]) -> bool:
     listed = _listed_folders(path, kind)
     for name in entries:
         entry = path / name
-        if entry.is_symlink():
+        if entry.is_symlink() or is_mount_point(entry):  # another file system mounted there is never ours
             return False
         if kind == "index" and name == "audit":
             if dir_kind(entry) not in (None, "audit"):
@@ -110,6 +110,20 @@ def _inner_entries_ours(path: Path, kind: str, entries: set[str]) -> bool:
         elif name not in listed and not entry.is_file():
             return False
     return True
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether something is mounted at ``path``; a bind mount from the same file system shares its
+    device with the parent, so ``os.path.ismount`` misses it and the kernel's mount table decides."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
+            points = {line.split()[4] for line in table if len(line.split()) > 4}
+    except OSError:
+        return False
+    escaped = str(Path(path).resolve()).replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
+    return escaped.replace("\n", "\\012") in points
 
 
 def _listed_folders(path: Path, kind: str) -> set[str]:

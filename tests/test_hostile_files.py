@@ -322,6 +322,9 @@ def test_fifo_device_and_folder_queries_are_listed_and_never_read(checkpoint_ind
     assert "2 of 3 query images cannot be used" in result.stderr
     assert "/dev/zero: is a character device" in result.stderr and "pipe.jpg: is a FIFO" in result.stderr
     assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()  # attack round 6: one problem a line, not a literal "\n"
+    assert lines[0] == "Error: 2 of 3 query images cannot be used (no search was run):", lines
+    assert lines[1].startswith("  /dev/zero: ") and lines[2].startswith(f"  {tmp_path / 'pipe.jpg'}: "), lines
 
 
 def test_oversized_and_folder_queries_are_refused(tmp_path):

@@ -491,3 +491,25 @@ def test_sweep_values_name_one_run_dir_inside_out_each(tmp_path):
         parse_sweep("plugins.dir=a/b,a_b")
     with pytest.raises(ConfigError, match="gives the value '0.1' more than once"):
         parse_sweep("loss.temperature=0.1,0.2,0.1")
+
+
+def test_a_mount_point_inside_a_dir_makes_it_never_ours(tmp_path):
+    """Attack round 6: `index --force` over INDEX whose audit/ was another folder bind-mounted there
+    deleted that folder's files; a mount point inside a dir means it is never replaced."""
+    import subprocess
+
+    from receipt_embed.outdir import dir_kind
+
+    index = tmp_path / "idx"
+    (index / "audit").mkdir(parents=True)
+    (index / "index.json").write_text("{}")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "audit.json").write_text("{}")
+    if subprocess.run(["mount", "--bind", str(outside), str(index / "audit")], capture_output=True).returncode:
+        pytest.skip("bind mounts need root (CAP_SYS_ADMIN)")
+    try:
+        assert dir_kind(index) == "other"
+    finally:
+        subprocess.run(["umount", str(index / "audit")], check=True)
+    assert dir_kind(index) == "index" and (outside / "audit.json").exists()

@@ -99,7 +99,8 @@ class LazyGroup(click.Group):
                 click.echo(f"stopped by {signal_name(stop)}", err=True)
             sys.exit(stop.code)
         except BadInput as exc:  # bad input a command did not turn into its own message: still one line
-            click.echo(f"Error: {printable(str(exc))}", err=True)
+            lines = getattr(exc, "lines", None) or [str(exc)]  # or one per problem (errors.BadInputLines)
+            click.echo("Error: " + "\n".join(printable(line) for line in lines), err=True)
             sys.exit(2)
         except StdoutFailed as exc:
             try:  # what is still buffered would fail again at interpreter exit

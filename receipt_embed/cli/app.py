@@ -19,9 +19,20 @@ class InputError(click.ClickException):
 
     exit_code = 2
 
+    def __init__(self, message: str, lines: list[str] | None = None):
+        super().__init__(message)
+        self.lines = lines  # several lines, each escaped on its own (``errors.BadInputLines``)
+
+    @classmethod
+    def of(cls, error: Exception) -> InputError:
+        """The one- or several-line message of ``error``."""
+        return cls(str(error), getattr(error, "lines", None))
+
     def format_message(self) -> str:
         from receipt_embed.display import printable
 
+        if self.lines:
+            return "\n".join(printable(line) for line in self.lines)
         return printable(self.message)
 
 

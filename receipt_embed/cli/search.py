@@ -104,7 +104,7 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
     except BrokenPipeError:
         raise  # a closed pipe (`| head`): click ends the command quietly
     except (IndexDirError, CheckpointError, ComponentError, OSError, BadInput) as exc:
-        raise InputError(str(exc)) from None
+        raise InputError.of(exc) from None
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:

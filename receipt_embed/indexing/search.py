@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed.errors import BadInput
+from receipt_embed.errors import BadInputLines
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
 from receipt_embed.training.checkpoint import MAX_CHECKPOINT_BYTES
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
@@ -82,9 +82,8 @@ def check_queries(paths: list[str], max_pixels: int, max_bytes: int | None = DEF
         except ImageRejected as exc:
             problems.append(exc.detail)
     if problems:
-        raise BadInput(
-            f"{len(problems)} of {len(paths)} query images cannot be used (no search was run):\n  "
-            + "\n  ".join(problems)
+        raise BadInputLines(
+            f"{len(problems)} of {len(paths)} query images cannot be used (no search was run):", problems
         )
     return digests
 

@@ -25,9 +25,9 @@ LISTING = "receipts.jsonl"
 SCAN_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp"})
 MAX_LISTING_BYTES = 64 * 1024 * 1024
 MAX_SCAN_BYTES = 64 * 1024 * 1024
-# listing fields that are not carried as metadata: where the scan is, its id, and what ingest
-# measures itself (width, height, ...: the capture's, not the scan's)
-_NOT_METADATA = {"path", "scan_id", "company", "receipt_id", "device", "merchant"}
+# listing fields that are not carried as metadata: where the scan is, its id, the columns the set
+# writes itself, and the scan's size (ingest measures each capture's own; it names any other clash)
+_NOT_METADATA = {"path", "scan_id", "company", "receipt_id", "device", "merchant", "width", "height"}
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,6 @@ def _sha256(path: Path) -> str:
 
 
 def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
-    from receipt_embed.ingest.manifest import RESERVED_COLUMNS
-
     try:
         text = read_regular_text(listing, MAX_LISTING_BYTES)
     except (UnusableFile, OSError, UnicodeDecodeError) as exc:
@@ -105,7 +103,7 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
         name = str(row.get("scan_id") or path.stem)
         metadata = {"merchant": _text(row.get("company"), where, "company")}
         for key, value in row.items():
-            if key not in _NOT_METADATA and key not in RESERVED_COLUMNS:
+            if key not in _NOT_METADATA:
                 metadata[key] = _text(value, where, key)
         scans.append(Scan(path, name, name, metadata))
     if not scans:

@@ -16,8 +16,15 @@ def wants_metadata(factory) -> bool:
 def build_sampler(registry, name: str, labels: list[int], rows: list[dict], batch_size: int, seed: int, params: dict):
     """Sampler ``name`` from the registry; ``rows`` (one manifest row per capture) are passed
     as ``metadata`` only to factories that ask for them, so older samplers keep working."""
+    from receipt_embed.kinds import KINDS
+
     component = registry.get("sampler", name)
-    framework = {"identities": labels, "batch_size": batch_size, "seed": seed}
-    if wants_metadata(component.factory):
+    supplied = {"identities": labels, "batch_size": batch_size, "seed": seed, "metadata": rows}
+    framework = {
+        argument.name: supplied[argument.name]  # the arguments the sampler kind's spec says it gets
+        for argument in KINDS["sampler"].framework
+        if argument.name != "metadata" or wants_metadata(component.factory)
+    }
+    if "metadata" in framework:
         framework["metadata"] = [dict(row) for row in rows]
     return registry.create_with("sampler", name, framework, dict(params))

@@ -83,6 +83,9 @@ def check_regular(path: str | os.PathLike) -> os.stat_result:
     return info
 
 
+KERNEL_FILE_TREES = ("/proc/", "/sys/")  # e.g. /proc/kmsg: stat says regular, a read waits on the kernel
+
+
 def open_regular(path: str | os.PathLike, max_bytes: int | None = DEFAULT_MAX_BYTES) -> BinaryIO:
     """A binary handle on a regular file of at most ``max_bytes`` (None: no cap).
 
@@ -103,6 +106,8 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = DEFAULT_MAX_BY
             raise UnusableFile("not_a_file", path, f"is {kind}, not a regular file")
         if max_bytes is not None and info.st_size > max_bytes:
             raise UnusableFile("too_large", path, f"is {info.st_size} bytes, over the limit of {max_bytes}")
+        if os.path.realpath(path).startswith(KERNEL_FILE_TREES):  # "regular" and empty, yet a read can block
+            raise UnusableFile("not_a_file", path, "is a kernel file (under /proc or /sys), not a regular file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -75,3 +75,17 @@ def test_permission_denied(tmp_path):
     path.write_bytes(b"x")
     path.chmod(0)
     assert reason_of(path).reason == "permission_denied"
+
+
+def test_kernel_files_are_refused_though_stat_calls_them_regular(tmp_path):
+    """Attack round 7: /proc/kmsg is a "regular" empty file whose read waits on the kernel: a config,
+    manifest, query, checkpoint or plugin file linked to it hung the command."""
+    import os
+
+    from receipt_embed.userfiles import UnusableFile, read_regular
+
+    target = "/proc/self/status"  # any kernel file: readable, but refused by where it lives
+    os.symlink(target, tmp_path / "q.jpg")
+    for path in (target, tmp_path / "q.jpg"):
+        with pytest.raises(UnusableFile, match=r"is a kernel file \(under /proc or /sys\), not a regular file"):
+            read_regular(path)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from receipt_embed.cli.options import FiniteFloatRange, InputError, load_registry
+from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
 
@@ -167,6 +168,6 @@ def audit_shortcuts(
     except (IndexDirError, OSError, BadInput, AuditCheckError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))
-    click.echo(f"Report: {out / 'audit.html'} (figures in {out / 'audit.json'})")
+    click.echo(printable(f"Report: {out / 'audit.html'} (figures in {out / 'audit.json'})"))
     if fail_on_shortcut and (figures["flagged"] or figures["collapsed"] or figures["flagged_checks"]):
         raise SystemExit(1)

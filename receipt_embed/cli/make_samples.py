@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from receipt_embed import samples
 from receipt_embed.cli.options import ExistingPath, InputError
+from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
 
@@ -105,8 +106,10 @@ def make_samples(
     sources = len(scans) if scans_dir is not None else receipts
     what = f"{receipts} receipts" if sources == receipts else f"{sources} scans of {receipts} receipts"
     click.echo(
-        f"Wrote {sources * devices} captures ({what} x {devices} devices: {names}) "
-        f"and {manifest} in {time.perf_counter() - started:.1f}s"
+        printable(
+            f"Wrote {sources * devices} captures ({what} x {devices} devices: {names}) "
+            f"and {manifest} in {time.perf_counter() - started:.1f}s"
+        )
     )
 
 

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 
 
@@ -141,7 +142,7 @@ def _schema_fields(model: type[BaseModel], path: Sequence[str]) -> list[str]:
 
 
 def _explain(error: dict) -> str:
-    loc = [str(part) for part in error["loc"]]
+    loc = [shortened(part) for part in error["loc"]]
     key = ".".join(loc)
     if error["type"] == "extra_forbidden":
         siblings = _schema_fields(Config, loc[:-1])
@@ -153,8 +154,8 @@ def _explain(error: dict) -> str:
     if error["type"] == "missing":
         return f"missing config key '{key}'"
     if error["type"] == "value_error":
-        return f"config key '{key}': {error['ctx']['error']}"
-    return f"config key '{key}': {error['msg']} (got {error.get('input')!r})"
+        return f"config key '{key}': {shortened(error['ctx']['error'])}"
+    return f"config key '{key}': {error['msg']} (got {shortened(repr(error.get('input')))})"
 
 
 def _refuse_aliases(text: str, path: Path) -> None:
@@ -219,13 +220,12 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
     layers = []
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
-            raise ConfigError(f"--set expects key.path=value, got '{item}'")
+            raise ConfigError(f"--set expects key.path=value, got '{shortened(item)}'")
         try:
             layers.append(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:
             first_line = str(exc).strip().splitlines()[0]
-            shown = item if len(item) <= 200 else item[:200] + f"... ({len(item)} characters)"
-            raise ConfigError(f"cannot parse --set '{shown}': {first_line[:200]}") from None
+            raise ConfigError(f"cannot parse --set '{shortened(item)}': {shortened(first_line)}") from None
     return layers
 
 

@@ -35,6 +35,16 @@ def printable(value) -> str:
     return "".join(_escape(c) if c in _NAMED or unicodedata.category(c) in _HIDDEN else c for c in text)
 
 
+SHOWN_CHARACTERS = 200  # of one value in an error message: a value pasted by mistake can be megabytes
+
+
+def shortened(value, limit: int = SHOWN_CHARACTERS) -> str:
+    """``str(value)``, or its first ``limit`` characters and how many there are in all, so an
+    error about a huge value is one readable line, not the value again."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def quoted(value) -> str:
     """``'value'`` for a message that :func:`printable` escapes once when it is shown; ``repr``
     would escape it a first time already (and name numpy's ``np.str_('x')`` for a column value)."""

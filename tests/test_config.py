@@ -132,3 +132,22 @@ def test_huge_numbers_and_long_lists_are_one_line_errors(tmp_path):
     long.write_text("data: {image_size: [" + ",".join(["64"] * 200_000) + "]}\n")
     with pytest.raises(ConfigError, match=f"long.yaml, line 1: more than {MAX_CONFIG_NODES} values"):
         load_config(long)
+
+
+def test_a_huge_value_is_shown_shortened_in_the_error(tmp_path):
+    """Attack round 6: a 900 KB string in a config (or a 100 KB --set) was quoted whole in the
+    error, burying the message; only its start and its length are shown."""
+    from receipt_embed.display import SHOWN_CHARACTERS
+
+    huge = tmp_path / "huge.yaml"
+    huge.write_text('train: {epochs: "' + "x" * 900_000 + '"}\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(huge)
+    message = str(raised.value)
+    assert message.startswith("config key 'train.epochs': Input should be a valid integer")
+    assert message.endswith("... (900002 characters))") and len(message) < SHOWN_CHARACTERS + 200
+    with pytest.raises(ConfigError) as raised:
+        load_config(overrides=["y" * 100_000])
+    assert str(raised.value) == f"--set expects key.path=value, got '{'y' * SHOWN_CHARACTERS}... (100000 characters)'"
+    with pytest.raises(ConfigError, match=r"unknown config key 'train\.z{200}\.\.\. \(300 characters\)'"):
+        load_config(overrides=["train." + "z" * 300 + "=1"])

@@ -313,3 +313,61 @@ def test_a_killed_all_pairs_writer_leaves_a_temporary_file_the_next_one_removes(
         result.stderr
     )
     assert not leftover.exists() and mine.read_text() == "my notes" and (tmp_path / "pairs.csv").is_file()
+
+
+def test_a_stop_does_not_wait_for_a_worker_blocked_in_a_read():
+    """Attack round 6 (N-F2): the pool's own exit joined its threads, so a stop while one of them
+    waited on a read that never returns left the command waiting forever."""
+    import threading
+
+    from receipt_embed.workers import thread_pool
+
+    release = threading.Event()
+    try:
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            with thread_pool(2) as pool:
+                pool.submit(release.wait)
+                queued = [pool.submit(release.wait) for _ in range(3)]
+                raise KeyboardInterrupt
+        assert time.monotonic() - started < 5
+        assert all(job.cancelled() for job in queued[1:]), "work not yet started is cancelled"
+    finally:
+        release.set()  # let the abandoned thread end, or the test process would wait for it at exit
+
+
+BLOCKED_INGEST = """
+import os, sys
+import receipt_embed.ingest.captures as captures
+from receipt_embed.cli import run
+fifo, real = sys.argv[1], captures._read_capture
+def read(candidate, max_bytes):
+    if candidate["line"] == 3:  # a file on a mount that stopped answering: read() never returns
+        os.read(os.open(fifo, os.O_RDWR), 1)
+    return real(candidate, max_bytes)
+captures._read_capture = read
+sys.argv = ["receipt-embed", *sys.argv[2:]]
+run()
+"""
+
+
+def test_sigterm_while_ingest_waits_on_a_read_that_never_returns(tmp_path):
+    fifo = tmp_path / "stuck"
+    os.mkfifo(fifo)
+    out = tmp_path / "ds"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    command = [sys.executable, "-c", BLOCKED_INGEST, str(fifo), "ingest", str(REPO / "data_samples"), "--out", str(out)]
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _lock_named(tmp_path / ".ds.lock") and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(1.0)  # the worker is now blocked on line 3
+    child.send_signal(signal.SIGTERM)
+    try:
+        _, err = child.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail("ingest waited for the blocked read after SIGTERM")
+    assert child.returncode == 143, err
+    assert err.splitlines()[-1] == f"stopped by SIGTERM: {out} left as it was", err
+    assert not out.exists() and not list(tmp_path.glob(".ds.*"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tqdm import tqdm
@@ -16,6 +15,7 @@ from tqdm import tqdm
 from receipt_embed.errors import BadInput
 from receipt_embed.images import DEFAULT_MAX_PIXELS, resize_bytes
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
+from receipt_embed.workers import thread_pool
 
 
 class CaptureChanged(BadInput):
@@ -70,19 +70,15 @@ class ImageCache:
         digests = list(digests) if digests is not None else [None] * len(paths)
         if len(digests) != len(paths):
             raise BadInput(f"{len(digests)} digests for {len(paths)} paths")
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        with thread_pool(workers) as pool:  # one bad file or a stop: do not decode the rest first
             decoded = pool.map(
                 lambda job: load_capture(job[0], size, max_pixels, max_bytes, job[1]), zip(paths, digests)
             )
-            try:
-                self.images = (
-                    np.stack(list(tqdm(decoded, total=len(paths), desc="decoding", unit="img", disable=not progress)))
-                    if paths
-                    else np.zeros((0, *size, 3), np.uint8)
-                )
-            except BaseException:
-                pool.shutdown(wait=False, cancel_futures=True)  # one bad file: stop, do not decode the rest
-                raise
+            self.images = (
+                np.stack(list(tqdm(decoded, total=len(paths), desc="decoding", unit="img", disable=not progress)))
+                if paths
+                else np.zeros((0, *size, 3), np.uint8)
+            )
 
     def __len__(self) -> int:
         return len(self.images)

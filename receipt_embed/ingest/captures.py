@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
@@ -16,6 +15,7 @@ from tqdm import tqdm
 from receipt_embed.config import IngestConfig
 from receipt_embed.images import ImageRejected, decode_image
 from receipt_embed.userfiles import UnusableFile, open_regular
+from receipt_embed.workers import thread_pool
 
 
 def _read_capture(candidate: dict, max_bytes: int) -> tuple[bytes, os.stat_result] | dict:
@@ -62,21 +62,17 @@ def _inspect(candidate: dict, max_pixels: int, max_bytes: int) -> dict:
 def check_files(candidates: list[dict], settings: IngestConfig, rejected: list, progress: bool) -> list[dict]:
     workers = min(4, os.cpu_count() or 1)
     checked = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with thread_pool(workers) as pool:  # SIGTERM, Ctrl-C: stop at once, not after decoding the rest
         results = pool.map(lambda c: _inspect(c, settings.max_pixels, settings.max_bytes), candidates)
-        try:
-            for candidate, facts in tqdm(
-                zip(candidates, results),
-                total=len(candidates),
-                desc="checking files",
-                unit="file",
-                disable=not progress,
-            ):
-                if "reason" in facts:
-                    rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
-                else:
-                    checked.append({**candidate, **facts})
-        except BaseException:  # SIGTERM, Ctrl-C: stop at once instead of decoding the rest first
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+        for candidate, facts in tqdm(
+            zip(candidates, results),
+            total=len(candidates),
+            desc="checking files",
+            unit="file",
+            disable=not progress,
+        ):
+            if "reason" in facts:
+                rejected.append({"line": candidate["line"], "path": candidate["manifest_path"], **facts})
+            else:
+                checked.append({**candidate, **facts})
     return checked

@@ -39,12 +39,15 @@ def test_a_full_standard_output_is_one_line_exit_2(tmp_path, args):
 
 
 def test_a_closed_pipe_is_still_quiet(tmp_path):
-    """F10: EPIPE stays click's: no traceback, no 'cannot write' line."""
+    """F10: EPIPE stays click's: no traceback, no 'cannot write' line. Attack round 7: it exited 1,
+    like any error; now 141, as a shell reports a process that SIGPIPE ended (`yes | head`)."""
     reader, writer = os.pipe()
     os.close(reader)
     with os.fdopen(writer, "w") as closed:
         result = run_to(closed, "--help")
-    assert "Traceback" not in result.stderr and "cannot write" not in result.stderr
+    assert result.stderr == "" and result.returncode == 141
+    yes = subprocess.run(["bash", "-c", "yes | head -1 >/dev/null; echo ${PIPESTATUS[0]}"], capture_output=True)
+    assert yes.stdout.strip() == b"141", "the code a shell gives a writer whose reader went away"
 
 
 def test_all_pairs_into_a_closed_pipe_is_quiet(tmp_path):
@@ -62,4 +65,4 @@ def test_all_pairs_into_a_closed_pipe_is_quiet(tmp_path):
     with os.fdopen(writer, "w") as closed:
         result = run_to(closed, "search", tmp_path / "ix", "--all-pairs", "--threshold", "-1", "--out", "-")
     assert "Traceback" not in result.stderr and "Broken pipe" not in result.stderr, result.stderr
-    assert "Error" not in result.stderr
+    assert "Error" not in result.stderr and result.returncode == 141

@@ -20,6 +20,8 @@ from receipt_embed.version import __version__
 
 _debug = False  # set by --debug: internal errors show their traceback
 _console = False  # set by run(): this process is the command line itself, not a test calling main()
+_reader_gone = False  # set when standard output is a pipe whose reader closed it (`| head`)
+CLOSED_PIPE_EXIT = 141  # what a shell reports for a process ended by SIGPIPE, as `yes | head` leaves `yes`
 
 # command name -> "module:attribute"; help text is kept here so --help needs no import.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -71,6 +73,8 @@ class _GuardedStdout:
             return call(*args)
         except OSError as exc:
             if exc.errno == errno.EPIPE:
+                global _reader_gone
+                _reader_gone = True
                 raise
             raise StdoutFailed(exc) from None
 
@@ -206,6 +210,8 @@ def run() -> None:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    if _reader_gone and code == 1:  # click's quiet exit for a closed pipe; the usual code tells it apart
+        code = CLOSED_PIPE_EXIT
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

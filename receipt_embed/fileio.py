@@ -38,25 +38,41 @@ _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 class DiskFull(BadInput):
-    """No space (or quota) left while writing ``path``; one line for the user, exit code 2."""
+    """No space (or quota) left while writing ``path``; one line for the user, exit code 2. A file
+    system can also run out of inodes (file entries) with gigabytes free: then the line says so."""
 
     def __init__(self, path, free_bytes: int | None):
         free = "unknown space" if free_bytes is None else f"{free_bytes / 2**20:.1f} MiB"
-        super().__init__(f"no space left on device writing {path} ({free} free on that file system)")
+        if free_files(Path(path).parent) == 0:
+            shown = f"no free inodes (file entries) left on that file system, though {free} free"
+        else:
+            shown = f"{free} free on that file system"
+        super().__init__(f"no space left on device writing {path} ({shown})")
         self.path = str(path)
         self.free_bytes = free_bytes
 
 
-def free_bytes(path: str | os.PathLike) -> int | None:
-    """Bytes an unprivileged writer may still use on the file system holding ``path``."""
+def _file_system_facts(path: str | os.PathLike) -> os.statvfs_result | None:
     path = Path(path)
     while not path.exists() and path != path.parent:
         path = path.parent
     try:
-        info = os.statvfs(path)
+        return os.statvfs(path)
     except OSError:
         return None
-    return info.f_bavail * info.f_frsize
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system holding ``path``."""
+    info = _file_system_facts(path)
+    return None if info is None else info.f_bavail * info.f_frsize
+
+
+def free_files(path: str | os.PathLike) -> int | None:
+    """Inodes an unprivileged writer may still create there (None where the file system has no
+    fixed count, as btrfs reports 0 of 0)."""
+    info = _file_system_facts(path)
+    return None if info is None or info.f_files == 0 else info.f_favail
 
 
 def is_disk_full(exc: BaseException) -> bool:

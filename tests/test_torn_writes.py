@@ -92,6 +92,29 @@ def test_a_full_disk_is_one_line_and_the_old_index_survives(tmp_path, small_disk
     assert sorted(p.name for p in small_disk.iterdir()) == ["ix"], "the staging dir is removed"
 
 
+def test_no_inodes_left_is_named_as_such_not_as_free_megabytes(tmp_path):
+    """Attack round 7: with every inode used the line said "2.9 MiB free", which reads as a bug."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,nr_inodes=16", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        for number in range(100):
+            try:
+                (disk / f"f{number}").touch()
+            except OSError:
+                break
+        small = write_embeddings(tmp_path, "small", 20)
+        result = run_cli("index", "--embeddings", small[0], "--manifest", small[1], "--out", disk / "ix", "-q")
+        assert result.returncode == 2, result.stderr
+        line = result.stderr.strip()
+        assert line.startswith(f"Error: no space left on device writing {disk}/"), line
+        assert "(no free inodes (file entries) left on that file system, though " in line and "MiB free)" in line
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def slow_source(base: Path, copies: int) -> Path:
     """data_samples/ listed ``copies`` times over hard links, so ingest takes long enough to interrupt."""
     import csv

@@ -96,7 +96,9 @@ def test_no_inodes_left_is_named_as_such_not_as_free_megabytes(tmp_path):
     """Attack round 7: with every inode used the line said "2.9 MiB free", which reads as a bug."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,nr_inodes=16", "tmpfs", str(disk)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,nr_inodes=16", "tmpfs", str(disk)], capture_output=True
+    )
     if mounted.returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:

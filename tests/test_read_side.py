@@ -368,3 +368,20 @@ def test_train_on_a_dataset_with_a_fifo_file_does_not_hang(trained, tmp_path):
     result = run_cli("train", "--data", data, "--out", tmp_path / "run", "--set", "train.epochs=1", "-q", timeout=HANG)
     assert result.returncode == 2, result.stderr
     assert "manifest.jsonl" in result.stderr and "FIFO" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_last_checkpoint_that_is_a_symlink_is_not_resumed_from(trained, tmp_path):
+    """Attack round 7: `--resume` read through a `checkpoints/last.pt` link to another run's file,
+    and then continued that run here as if it were this one."""
+    run = _copy_run(trained, tmp_path)
+    last = run / "checkpoints" / "last.pt"
+    elsewhere = tmp_path / "other.pt"
+    last.rename(elsewhere)
+    last.symlink_to(elsewhere)
+    result = run_cli("train", "--out", run, "--resume", "--set", "train.epochs=2", "-q", timeout=HANG)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"Error: cannot resume from {last}: it is a symbolic link (to {elsewhere}), not a checkpoint this run "
+        "wrote; copy the file in its place if it is the one to continue from"
+    )
+    assert last.is_symlink() and elsewhere.stat().st_size > 0, "nothing is replaced"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
 from receipt_embed.training.rundir import DATA_FILE, LAST, check_run_out, refuse_dataset_inside
@@ -93,7 +94,7 @@ def check_resume_config(saved: dict, current: dict, path: Path) -> None:
     a, b = _flatten(saved), _flatten(current)
     diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES]
     if diffs:
-        details = "; ".join(f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in diffs)
+        details = "; ".join(f"{k}: checkpoint {shortened(repr(a.get(k)))}, now {shortened(repr(b.get(k)))}" for k in diffs)
         raise CheckpointError(f"cannot resume from {path}: the config differs ({details})")
 
 
@@ -108,6 +109,11 @@ def open_run(run_dir, resume: bool, force: bool, world_size: int, config_dict: d
                 "replace it, or choose another --out"
             )
         return None
+    if last.is_symlink():  # a run dir holds the files train wrote; a link there points somewhere else
+        raise CheckpointError(
+            f"cannot resume from {last}: it is a symbolic link (to {os.readlink(last)}), not a checkpoint "
+            "this run wrote; copy the file in its place if it is the one to continue from"
+        )
     state = load_checkpoint(last)
     if config_dict is not None:
         check_resume_config(state["config"], config_dict, last)

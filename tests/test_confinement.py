@@ -225,3 +225,23 @@ def test_an_older_report_with_the_manifest_path_as_typed_still_finds_the_capture
     ):
         (dataset / "ingest_report.json").write_text(json.dumps({**report, "source": typed}))
         assert recorded_roots(meta) == ([root] if root else []), typed
+
+
+def test_a_capture_that_cannot_be_shown_says_why_in_the_report(trained, tmp_path):
+    """Attack round 7: a gallery capture replaced by a FIFO (or gone) was an unexplained blank."""
+    from receipt_embed.audit.report import thumbnail_or_reason
+
+    captures = tmp_path / "captures"
+    captures.mkdir()
+    os.mkfifo(captures / "pipe.jpg")
+    (captures / "text.jpg").write_bytes(b"not an image")
+    assert thumbnail_or_reason(str(captures / "pipe.jpg")) == (None, "is a FIFO (named pipe), not a regular file")
+    assert thumbnail_or_reason(str(captures / "gone.jpg")) == (None, "file not found")
+    assert thumbnail_or_reason(str(captures / "text.jpg")) == (None, "not a recognised image file")
+    assert thumbnail_or_reason(None) == (None, "no path")
+    index = copy_index(trained / "index", tmp_path / "index")
+    rewrite_items(index, lambda row, item: {**item, "path": str(captures / "pipe.jpg")})
+    out = tmp_path / "report"
+    result = run_cli("audit-shortcuts", index, "--out", out, "--gallery", "2", "-q", "--images-root", captures)
+    assert result.returncode == 0, result.stderr
+    assert "no image: is a FIFO (named pipe), not a regular file</div>" in (out / "audit.html").read_text()

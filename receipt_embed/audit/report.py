@@ -129,19 +129,26 @@ def projection(
 
 def thumbnail(path: str | None, size=(160, 80)) -> str | None:
     """A small JPEG data URI of a capture, or None when the file is gone or unreadable."""
+    return thumbnail_or_reason(path, size)[0]
+
+
+def thumbnail_or_reason(path: str | None, size=(160, 80)) -> tuple[str | None, str | None]:
+    """(data URI, None), or (None, why there is no image: "no path", "not a regular file: a FIFO
+    (named pipe)", "cannot decode ...") for the report to show in its place."""
     if not path:
-        return None
+        return None, "no path"
     from PIL import Image
 
     from receipt_embed.images import load_resized
 
     try:
         image = Image.fromarray(load_resized(path, size))
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "detail", None) or getattr(exc, "strerror", None) or str(exc)
+        return None, reason.removeprefix(f"{path}: ")  # the card shows the path already
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=80)
-    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii"), None
 
 
 def worst_failures(x: np.ndarray, labels: np.ndarray, count: int = 8) -> list[dict]:

@@ -37,16 +37,18 @@ def check_attributes(items: list[dict], attributes: list[str], where) -> None:
 
 def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, roots) -> list[dict]:
     """The worst failures with thumbnails; only captures ``roots`` (an ImageRoots) allow are read."""
-    from receipt_embed.audit.report import thumbnail, worst_failures
+    from receipt_embed.audit.report import thumbnail_or_reason, worst_failures
 
     def card(row: int) -> dict:
         item = index_dir.items[row]
         allowed = roots.check(row, item.get("path"))
+        image, missing = thumbnail_or_reason(item.get("path")) if allowed else (None, None)
         return {
             "row": row,
             "receipt_id": item.get("receipt_id"),
             "path": item.get("path"),
-            "thumbnail": thumbnail(item.get("path")) if allowed else None,
+            "thumbnail": image,
+            "missing": missing,  # why a capture that may be shown has no image (gone, a FIFO, undecodable)
             "refused": not allowed,
             **{a: item.get(a) for a in attributes},
         }

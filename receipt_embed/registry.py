@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from receipt_embed.display import quoted
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import ComponentError
 from receipt_embed.kinds import KINDS as COMPONENT_KINDS
 
@@ -88,6 +89,34 @@ def _parameter_hint(factory, params: dict, kind: str) -> str:
         if close:
             hint += f" (did you mean {quoted(close[0])} for {quoted(key)}?)"
     return hint if unknown else ""
+
+
+_NUMBER_TYPES = {"float": numbers.Real, "int": numbers.Integral}
+
+
+def _mistyped_number(factory, params: dict) -> str | None:
+    """Why a value cannot go to a parameter the factory annotates ``float`` or ``int`` (optionally
+    ``| None``), or None: text such as ``nan`` read from ``--check-set x=nan``, a NaN, a bool. A
+    factory would compare with it and quietly never (or always) decide, or fail deep inside."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return None
+    for key, value in params.items():
+        if key not in parameters:
+            continue
+        annotation = parameters[key].annotation
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+        number, optional = text.replace(" ", ""), False
+        if number.endswith("|None"):
+            number, optional = number[: -len("|None")], True
+        if number not in _NUMBER_TYPES or (value is None and optional):
+            continue
+        if isinstance(value, bool) or not isinstance(value, _NUMBER_TYPES[number]):
+            return f"parameter {quoted(key)} takes a number ({number}), got {quoted(shortened(value))}"
+        if value != value:  # NaN
+            return f"parameter {quoted(key)} takes a number ({number}), got NaN"
+    return None
 
 
 @dataclass(frozen=True)
@@ -165,6 +194,9 @@ class Registry:
     def create(self, kind: str, name: str, **params: Any) -> Any:
         """Build component ``name`` of ``kind`` with ``params``; bad params name the component."""
         component = self.get(kind, name)
+        wrong = _mistyped_number(component.factory, params)
+        if wrong:
+            raise ComponentError(f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}): {wrong}")
         try:
             return component.factory(**params)
         except TypeError as exc:

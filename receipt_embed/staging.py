@@ -24,7 +24,8 @@ from pathlib import Path
 
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
 from receipt_embed.locking import write_lock
-from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind
+from receipt_embed.errors import BadInput
+from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind, is_mount_point
 
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -182,6 +183,11 @@ def replace_dir(out: str | os.PathLike, kind: str, force: bool = False, log=None
     An exception (a full disk included) leaves ``out`` as it was and removes the staging dir;
     a full disk becomes a :class:`DiskFull` naming the file as it would have been in ``out``."""
     out = Path(os.path.abspath(out))
+    if out.is_dir() and is_mount_point(out):  # the kernel refuses to rename a mount point (EBUSY)
+        raise BadInput(
+            f"{out} is a mount point, and a new {kind} dir cannot be swapped in for it; "
+            f"write into a folder inside it instead (e.g. --out {out / kind})"
+        )
     with write_lock(out, log=log):
         clean_leftovers(out, log)
         check_replaceable(out, kind, force)

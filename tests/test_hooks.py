@@ -303,6 +303,14 @@ def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
         in bad_param.stderr
     )
     assert audit("--check-set", "hubness=3", out="f").returncode == 2
+    # attack round 7: `nan` (text, as --set reads it) reached the check, which then failed mid-audit
+    not_a_number = audit("--check-set", "hubness.max_skewness=nan", out="f2")
+    assert not_a_number.returncode == 2
+    assert (
+        "audit_check 'hubness' (from plugin 'hubness'): parameter 'max_skewness' takes a number (float), got 'nan'"
+        in not_a_number.stderr
+    )
+    assert audit("--check-set", "hubness.max_skewness=.inf", out="f3").returncode == 0, "never flag: allowed"
     # values read like --set values, and recorded with the results
     audit("--check-set", "hubness.max_skewness=1e1", "--check-set", "hubness.min_items=50", out="g")
     recorded = json.loads((tmp_path / "g" / "audit.json").read_text())["checks"]["hubness"]["params"]

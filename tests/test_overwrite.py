@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, run_cli
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -513,3 +513,23 @@ def test_a_mount_point_inside_a_dir_makes_it_never_ours(tmp_path):
     finally:
         subprocess.run(["umount", str(index / "audit")], check=True)
     assert dir_kind(index) == "index" and (outside / "audit.json").exists()
+
+
+def test_an_out_dir_that_is_a_mount_point_is_one_clear_line(tmp_path):
+    """Attack round 7: `ingest --out MOUNT` failed at the swap with "[Errno 16] ... busy"."""
+    import subprocess
+
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting needs root (CAP_SYS_ADMIN)")
+    try:
+        result = run_cli("ingest", REPO / "data_samples", "--out", mount, "-q")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip() == (
+            f"Error: {mount} is a mount point, and a new dataset dir cannot be swapped in for it; "
+            f"write into a folder inside it instead (e.g. --out {mount / 'dataset'})"
+        )
+        assert list(mount.iterdir()) == [] and not list(tmp_path.glob(".mnt.*"))
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed.display import quoted
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 
 
@@ -128,11 +128,13 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
         key, sep, value = item.partition("=")
         name, dot, param = key.strip().partition(".")
         if not sep or not dot or not param:
-            raise BadInput(f"--check-set expects NAME.KEY=VALUE, got {quoted(item)}")
+            raise BadInput(f"--check-set expects NAME.KEY=VALUE, got {quoted(shortened(item))}")
         try:  # read exactly like a --set value (1e-1 is a number, yes is a string)
             parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
         except Exception as exc:
-            raise BadInput(f"--check-set {quoted(item)}: cannot read the value: {str(exc).splitlines()[0]}") from None
+            raise BadInput(
+                f"--check-set {quoted(shortened(item))}: cannot read the value: {shortened(str(exc).splitlines()[0])}"
+            ) from None
         params.setdefault(known(name, "--check-set"), {})[param] = parsed
     return skipped, params
 

@@ -92,6 +92,17 @@ def test_a_full_disk_is_one_line_and_the_old_index_survives(tmp_path, small_disk
     assert sorted(p.name for p in small_disk.iterdir()) == ["ix"], "the staging dir is removed"
 
 
+def test_make_samples_on_a_full_disk_names_the_file(small_disk):
+    """Attack round 7: the line named the staging dir (a failed write() has no file name)."""
+    out = small_disk / "samples"
+    result = run_cli("make-samples", "--out", out, "--receipts", "400", "--devices", "3", "-q")
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(f"Error: no space left on device writing {out}/images/r"), line
+    assert line.endswith("MiB free on that file system)") and len(line.splitlines()) == 1, line
+    assert list(small_disk.iterdir()) == [], "the staging dir and the lock are removed"
+
+
 def test_no_inodes_left_is_named_as_such_not_as_free_megabytes(tmp_path):
     """Attack round 7: with every inode used the line said "2.9 MiB free", which reads as a bug."""
     disk = tmp_path / "disk"

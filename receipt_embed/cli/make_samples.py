@@ -115,7 +115,7 @@ def make_samples(
 
 def _write_samples(out_dir: Path, scans, receipts: int, devices: int, seed: int, quiet: bool, force: bool, scans_dir):
     """The set, written into a staging dir swapped in whole, with a samples.json saying how it was made."""
-    from receipt_embed.fileio import atomic_write_json
+    from receipt_embed.fileio import DiskFull, atomic_write_json
     from receipt_embed.outdir import refuse_own_input
     from receipt_embed.staging import replace_dir
 
@@ -129,6 +129,8 @@ def _write_samples(out_dir: Path, scans, receipts: int, devices: int, seed: int,
                     samples.capture_scans(scans, staging, devices, seed, progress=bar.update)
                 else:
                     samples.make_samples(staging, receipts, devices, seed, progress=bar.update)
+            except DiskFull:
+                raise  # named as the file in out_dir by replace_dir
             except BadInput as err:
                 raise click.UsageError(str(err)) from err
         record = {

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from receipt_embed.errors import BadInput
+from receipt_embed.fileio import DiskFull, free_bytes, is_disk_full
 from receipt_embed.samples.capture import capture_jpeg
 from receipt_embed.samples.devices import DeviceProfile, select_devices
 from receipt_embed.samples.receipts import make_receipt
@@ -107,13 +108,28 @@ def _write_set(
         for device in profiles:
             relative = f"images/{name}_{device.name}.jpg"
             data = capture_jpeg(image, device, capture_seed(seed, name, device.name))
-            (out_dir / relative).write_bytes(data)
+            _write_naming_the_file(out_dir / relative, lambda path, data=data: path.write_bytes(data))
             rows.append({"path": relative, "receipt_id": receipt_id, "device": device.name, **metadata})
             if progress is not None:
                 progress(1)
     manifest = out_dir / "manifest.csv"
-    with manifest.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, restval="", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+
+    def write_manifest(path: Path) -> None:
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns, restval="", lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    _write_naming_the_file(manifest, write_manifest)
     return manifest
+
+
+def _write_naming_the_file(path: Path, write) -> None:
+    """``write(path)``; a full disk names ``path`` (a failed write() carries no file name, so the
+    error would name only the dir being filled)."""
+    try:
+        write(path)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(path, free_bytes(path.parent)) from None
+        raise

@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from glob import escape as glob_escape
 from pathlib import Path
 
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
 from receipt_embed.locking import write_lock
-from receipt_embed.errors import BadInput
 from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind, is_mount_point
 
 RENAME_EXCHANGE = 2

@@ -559,3 +559,19 @@ def test_all_pairs_csv_keeps_a_carriage_return_inside_its_field(tmp_path):
     assert len(rows) == 1 + 4 and rows[0][0] == "row_a"  # four same-vector pairs
     assert {rows[i][col] for i in range(1, 5) for col in (4, 5)} == {evil, "r1"}
     assert (tmp_path / "pairs.csv").read_bytes().count(b"\n") == 5
+
+
+def test_index_json_holds_exactly_the_keys_its_format_lists(tmp_path):
+    """read_meta refuses keys outside META_KEYS, so the writer must write no other (and all of them)."""
+    import json
+
+    import numpy as np
+
+    from receipt_embed.indexing import index_embeddings
+    from receipt_embed.indexing.index_dir import META_KEYS
+
+    rows = [{"path": f"img{i}.jpg", "receipt_id": f"r{i // 2}", "device": "d"} for i in range(20)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32))
+    index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
+    assert set(json.loads((tmp_path / "ix" / "index.json").read_text())) == META_KEYS

@@ -74,6 +74,10 @@ TAMPERED = {
         "source.manifest is an int",
     ),
     "search_params a number": (lambda d: edit_meta(d, lambda m: m.update(search_params=7)), "search_params is an int"),
+    "a key the format lacks": (  # attack round 7: was read as if it were not there
+        lambda d: edit_meta(d, lambda m: m.update(exact_override=True, zz=1)),
+        "index.json has keys that format version 1 does not have ('exact_override', 'zz'): it was edited",
+    ),
     "unknown features": (lambda d: edit_meta(d, lambda m: m.update(features="pixels")), "features is a str"),
     "an item a list": (
         lambda d: rewrite_items(d, lambda row, item: [1] if row == 4 else item),

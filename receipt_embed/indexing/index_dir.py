@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, parse_json, read_jsonl, sha256_file
 from receipt_embed.indexing.contents import check_embeddings, check_index_matches, check_items, check_meta_types
@@ -30,6 +31,12 @@ from receipt_embed.version import __version__
 
 INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE, META_FILE = "index.faiss", "items.jsonl", "embeddings.npy", "index.json"
 FORMAT_VERSION = 1
+# the keys of index.json at this format version; another key means a hand edit or a newer writer
+META_KEYS = frozenset(
+    ("format_version", "count", "dim", "metric", "normalised", "factory", "exact", "search_params", "recall_at_10",
+     "recall_queries", "train_size", "build_seconds", "tune_seconds", "features", "source", "files", "created",
+     "receipt_embed_version")
+)  # fmt: skip
 # index.json is a page of metadata; anything far larger is not one
 MAX_META_BYTES = 16 * 1024 * 1024
 
@@ -172,6 +179,13 @@ def read_meta(path: str | Path) -> dict:
         raise IndexDirError(
             f"{meta_path} has format version {meta['format_version']}, newer than this receipt-embed "
             f"reads ({FORMAT_VERSION}); upgrade receipt-embed"
+        )
+    unknown = sorted(set(meta) - META_KEYS)
+    if unknown:
+        raise IndexDirError(
+            f"{meta_path} has keys that format version {FORMAT_VERSION} does not have "
+            f"({shortened(', '.join(map(quoted, unknown)))}): it was edited, or written by another receipt-embed; "
+            "rebuild the index with `receipt-embed index`"
         )
     missing = [key for key in ("count", "dim", "factory", "files", "source") if key not in meta]
     if "source" in meta and not isinstance(meta["source"], dict):

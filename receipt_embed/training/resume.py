@@ -94,7 +94,9 @@ def check_resume_config(saved: dict, current: dict, path: Path) -> None:
     a, b = _flatten(saved), _flatten(current)
     diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES]
     if diffs:
-        details = "; ".join(f"{k}: checkpoint {shortened(repr(a.get(k)))}, now {shortened(repr(b.get(k)))}" for k in diffs)
+        details = "; ".join(
+            f"{k}: checkpoint {shortened(repr(a.get(k)))}, now {shortened(repr(b.get(k)))}" for k in diffs
+        )
         raise CheckpointError(f"cannot resume from {path}: the config differs ({details})")
 
 

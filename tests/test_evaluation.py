@@ -105,3 +105,67 @@ def test_attribute_lift_against_brute_force():
         assert result["knn_agreement"] == pytest.approx(np.mean(agree))
         assert result["base_rate"] == pytest.approx(np.mean(base))
         assert (result["lift"] > 2.0) == expect_high
+
+
+def _sims(x):
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return x @ x.T
+
+
+def _nearest(sims, q, allowed):
+    candidates = [i for i in range(len(sims)) if i != q and allowed(i)]
+    return max(candidates, key=lambda i: sims[q, i])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_breakdown_figures_match_a_loop_over_queries(seed, monkeypatch):
+    """Cross-device recall, sibling figures and recall of a query subset, against plain loops
+    (the chunked code runs with chunks of 7 rows so blocks split the queries)."""
+    import receipt_embed.evaluation.breakdown as breakdown
+
+    monkeypatch.setattr(breakdown, "CHUNK", 7)
+    rng = np.random.default_rng(seed)
+    n = 60
+    labels = rng.integers(0, 22, n)
+    devices = rng.choice(["phone", "scan", "cam"], n)
+    shops = rng.choice(["a", "b", "c", ""], n)
+    shops = np.array([shops[labels[i] % n] for i in range(n)], dtype=object)  # a receipt has one shop
+    x = rng.normal(size=(n, 6)) + 1.5 * np.eye(22)[labels][:, :6]
+    sims = _sims(x)
+    has_positive = [sum(labels == labels[q]) > 1 for q in range(n)]
+
+    cross = [q for q in range(n) if len(set(devices[labels == labels[q]])) > 1]
+    expected = np.mean([labels[_nearest(sims, q, lambda i, q=q: devices[i] != devices[q])] == labels[q] for q in cross])
+    assert breakdown.cross_device_recall_at_1(x, labels, devices) == pytest.approx(expected)
+
+    subset = devices == "cam"
+    chosen = [q for q in range(n) if has_positive[q] and subset[q]]
+    expected = np.mean([labels[_nearest(sims, q, lambda i: True)] == labels[q] for q in chosen])
+    assert breakdown.recall_at_1_of(x, labels, subset) == pytest.approx(expected)
+
+    queries = [q for q in range(n) if has_positive[q]]
+    above = misses = sibling_misses = 0
+    for q in queries:
+        true = max(sims[q, i] for i in range(n) if i != q and labels[i] == labels[q])
+        siblings = [sims[q, i] for i in range(n) if labels[i] != labels[q] and shops[i] == shops[q] and shops[q]]
+        above += bool(siblings) and max(siblings) > true
+        nearest = _nearest(sims, q, lambda i: True)
+        if labels[nearest] != labels[q]:
+            misses += 1
+            sibling_misses += bool(shops[q]) and shops[nearest] == shops[q]
+    figures = breakdown.sibling_figures(x, labels, shops)
+    assert figures["queries"] == len(queries) and figures["misses"] == misses > 0
+    assert figures["sibling_above_true"] == pytest.approx(above / len(queries))
+    assert figures["sibling_share_of_misses"] == pytest.approx(sibling_misses / misses)
+
+
+def test_breakdown_edge_cases():
+    from receipt_embed.evaluation.breakdown import cross_device_recall_at_1, recall_at_1_of, sibling_figures
+
+    x = np.eye(4, dtype=np.float32)
+    labels = np.array([0, 0, 1, 2])
+    assert cross_device_recall_at_1(x, labels, ["d"] * 4) is None, "no receipt was captured by two devices"
+    assert recall_at_1_of(x, labels, np.array([False, False, True, True])) is None
+    perfect = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=np.float32)
+    assert sibling_figures(perfect, [0, 0, 1, 1], ["s"] * 4)["sibling_share_of_misses"] is None
+    assert sibling_figures(perfect, [0, 0, 1, 1], ["s"] * 4)["sibling_above_true"] == 0.0

@@ -186,8 +186,14 @@ def _look(image: Image.Image) -> np.ndarray:
 
 
 def test_every_device_has_its_own_consistent_look(all_device_captures):
-    """Leave-one-out nearest centroid on a few statistics identifies the device every time."""
-    looks = {name: np.stack([_look(c) for c in captures]) for name, captures in all_device_captures.items()}
+    """Leave-one-out nearest centroid on a few statistics identifies the device every time (the
+    default six: the harsher styles share looks with them on purpose, a phone is a phone)."""
+    from receipt_embed.samples.devices import DEFAULT_DEVICE_COUNT
+
+    defaults = {device.name for device in DEVICES[:DEFAULT_DEVICE_COUNT]}
+    looks = {
+        name: np.stack([_look(c) for c in captures]) for name, captures in all_device_captures.items() if name in defaults
+    }
     scale = np.concatenate(list(looks.values())).std(axis=0)
     for name, rows in looks.items():
         for i, row in enumerate(rows):
@@ -407,3 +413,50 @@ def test_scans_listed_with_metadata_carry_it_and_identical_bytes_share_a_receipt
     (folder / "receipts.jsonl").write_text('{"path": "images/000.png", "company": ["a"]}\n')
     with pytest.raises(ValueError, match="line 1: company is list; metadata must be text or a number"):
         read_scans(folder)
+
+
+# --- harsher capture conditions ----------------------------------------------------------
+
+
+def _gray(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("L"), dtype=np.float32)
+
+
+def test_each_harsh_condition_does_what_it_says():
+    """Each effect measured on a rendered receipt: ink paler, folds darker, a shadowed part,
+    bars around a shrunken photo, and nothing but black and white."""
+    from receipt_embed.samples import conditions
+
+    paper = render_receipt(make_receipt(0, 2))
+    rng = np.random.default_rng(0)
+    ink = _gray(paper) < 100
+    faded = _gray(conditions.fade_ink(paper, 0.65, rng))
+    assert faded[ink].mean() > _gray(paper)[ink].mean() + 60, "the ink is much paler"
+    folded = _gray(conditions.crease(Image.new("RGB", (200, 400), "white"), 2, rng))
+    assert folded.min(axis=1).min() < 200 and (folded.min(axis=1) > 250).mean() > 0.5, "thin dark folds only"
+    shadow = conditions.cast_shadow((400, 200), 0.55, rng)
+    assert shadow.min() == pytest.approx(0.45, abs=0.02) and shadow.max() == pytest.approx(1.0, abs=0.02)
+    assert 0.05 < (shadow < 0.7).mean() < 0.95, "part of the frame is in shadow, not all of it"
+    shot = _gray(conditions.screenshot(paper.resize((256, 380)), rng))
+    assert shot.shape == (380, 256) and shot[:10].mean() < 120 and shot[-20:].mean() < 60
+    black_white = np.unique(np.asarray(conditions.binarise(paper)))
+    assert set(black_white.tolist()) == {0, 255}
+
+
+def test_harsh_devices_add_styles_and_leave_the_default_captures_as_they_were():
+    """The default six devices draw no randomness for the new steps: their captures are the
+    bytes the previous generator wrote (data_samples/ was made with it)."""
+    import hashlib
+
+    import PIL
+
+    from receipt_embed.samples.devices import DEFAULT_DEVICE_COUNT, HARSH_DEVICES
+
+    assert DEVICES[DEFAULT_DEVICE_COUNT:] == HARSH_DEVICES and len(HARSH_DEVICES) == 5
+    scan = render_receipt(make_receipt(0, 0))
+    if (PIL.__version__, np.__version__) == ("13.0.0", "2.4.6"):  # JPEG bytes depend on the encoder's version
+        digests = {d.name: hashlib.sha256(capture_jpeg(scan, d, seed=11)).hexdigest()[:16] for d in DEVICES[:3]}
+        assert digests == {"phone_a": "3cd3fc7b3263973c", "phone_b": "78086a0b0f56bbd9", "scanner": "04c4251fafbd4bde"}
+    for device in HARSH_DEVICES:
+        capture = simulate_capture(scan, device, seed=11)
+        assert capture.width == device.width and capture.height >= 1.25 * capture.width

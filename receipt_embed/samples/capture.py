@@ -16,6 +16,7 @@ import io
 import numpy as np
 from PIL import Image, ImageFilter
 
+from receipt_embed.samples import conditions
 from receipt_embed.samples.backgrounds import make_background
 from receipt_embed.samples.devices import DeviceProfile
 
@@ -28,6 +29,7 @@ def capture_jpeg(image: Image.Image, device: DeviceProfile, seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     paper = _flatten(image)
     width, height, corners, paper = _frame(paper, device, rng)
+    paper = _wear(paper, device, rng)
 
     coefficients = _homography(corners, paper.size)
     warped = paper.transform(
@@ -42,10 +44,16 @@ def capture_jpeg(image: Image.Image, device: DeviceProfile, seed: int) -> bytes:
     surface *= 1 - device.drop_shadow * _shadow(mask, rng)[..., None]
     scene = surface * (1 - alpha) + np.asarray(warped, dtype=np.float32) * alpha
     scene *= _lighting(device, (height, width), rng)[..., None]
+    if device.cast_shadow > 0:
+        scene *= conditions.cast_shadow((height, width), device.cast_shadow, rng)[..., None]
 
     frame = _optics(_to_image(scene), device, rng)
     frame = _sensor(frame, device, rng)
     frame = _processing(frame, device)
+    if device.binarise:
+        frame = conditions.binarise(frame)
+    if device.screenshot:
+        frame = conditions.screenshot(frame, rng)
 
     buffer = io.BytesIO()
     frame.save(buffer, format="JPEG", quality=device.jpeg_quality)
@@ -102,6 +110,15 @@ def _frame(
     slack = frame - (corners.max(axis=0) - corners.min(axis=0))
     corners += np.array([width, height]) / 2 + rng.uniform(-0.3, 0.3, size=2) * slack
     return width, height, corners, paper
+
+
+def _wear(paper: Image.Image, device: DeviceProfile, rng: np.random.Generator) -> Image.Image:
+    """Faded ink and creases, for the devices that have them (no randomness drawn otherwise)."""
+    if device.fade > 0:
+        paper = conditions.fade_ink(paper, device.fade, rng)
+    if device.creases > 0:
+        paper = conditions.crease(paper, device.creases, rng)
+    return paper
 
 
 def _homography(corners: np.ndarray, size: tuple[int, int]) -> tuple[float, ...]:

@@ -32,7 +32,11 @@ class DeviceProfile:
     standard deviations (0..255). Processing: ``white_balance`` channel gains (the colour
     cast), ``exposure`` gain, ``contrast`` around mid-grey, ``sharpen`` (unsharp-mask
     percent), ``grayscale`` output, and the ``jpeg_quality`` the file is saved with.
-    The capture is ``width`` pixels wide and at least 1.25 times as tall.
+    The capture is ``width`` pixels wide and at least 1.25 times as tall. Harsher
+    conditions (see :mod:`receipt_embed.samples.conditions`), off by default: ``fade`` pales
+    the thermal ink (0..1), ``creases`` folds the paper that many times, ``cast_shadow``
+    darkens part of the frame by that fraction, ``screenshot`` shows the photo on a phone
+    screen, ``binarise`` thresholds it to black and white.
     """
 
     name: str
@@ -58,6 +62,11 @@ class DeviceProfile:
     sharpen: float
     grayscale: bool
     jpeg_quality: int
+    fade: float = 0.0
+    creases: int = 0
+    cast_shadow: float = 0.0
+    screenshot: bool = False
+    binarise: bool = False
 
 
 DEVICES: tuple[DeviceProfile, ...] = (
@@ -218,6 +227,151 @@ DEVICES: tuple[DeviceProfile, ...] = (
         jpeg_quality=60,
     ),
 )
+
+
+# capture styles no default device has (the first six): for a model to be tested on looks it
+# was not trained on; see benchmarks/quality.py --leave-out-devices
+HARSH_DEVICES: tuple[DeviceProfile, ...] = (
+    DeviceProfile(
+        name="faded_thermal",
+        description="phone photo of an old thermal receipt, folded in the wallet: pale uneven ink, "
+        "yellowed paper, creases, steep perspective, strong side light",
+        width=288,
+        fill=(0.62, 0.78),
+        rotation_deg=6.0,
+        tilt=0.16,
+        corner_jitter=0.025,
+        background="wood",
+        background_rgb=(120, 84, 56),
+        drop_shadow=0.5,
+        light_gradient=0.55,
+        vignette=0.3,
+        defocus=(0.5, 1.0),
+        motion=1.5,
+        resolution=1.0,
+        noise=3.0,
+        chroma_noise=2.0,
+        white_balance=(1.04, 1.0, 0.9),
+        exposure=1.0,
+        contrast=0.95,
+        sharpen=20.0,
+        grayscale=False,
+        jpeg_quality=70,
+        fade=0.65,
+        creases=3,
+    ),
+    DeviceProfile(
+        name="phone_shadow",
+        description="phone held over the receipt under a ceiling lamp: the phone's hard shadow on "
+        "part of the page, tilt, warm light",
+        width=288,
+        fill=(0.7, 0.85),
+        rotation_deg=4.0,
+        tilt=0.12,
+        corner_jitter=0.02,
+        background="laminate",
+        background_rgb=(190, 180, 168),
+        drop_shadow=0.4,
+        light_gradient=0.35,
+        vignette=0.2,
+        defocus=(0.4, 0.9),
+        motion=2.0,
+        resolution=1.0,
+        noise=4.0,
+        chroma_noise=3.0,
+        white_balance=(1.06, 1.0, 0.86),
+        exposure=1.0,
+        contrast=1.0,
+        sharpen=30.0,
+        grayscale=False,
+        jpeg_quality=74,
+        cast_shadow=0.55,
+        creases=1,
+    ),
+    DeviceProfile(
+        name="screenshot",
+        description="screenshot of a receipt photo sent in a chat app: small on a dark screen "
+        "between status and navigation bars, compressed twice over",
+        width=256,
+        fill=(0.8, 0.92),
+        rotation_deg=2.0,
+        tilt=0.05,
+        corner_jitter=0.012,
+        background="fabric",
+        background_rgb=(150, 140, 120),
+        drop_shadow=0.3,
+        light_gradient=0.2,
+        vignette=0.2,
+        defocus=(0.3, 0.6),
+        motion=0.0,
+        resolution=0.8,
+        noise=2.0,
+        chroma_noise=1.5,
+        white_balance=(1.0, 1.0, 0.95),
+        exposure=1.02,
+        contrast=1.05,
+        sharpen=0.0,
+        grayscale=False,
+        jpeg_quality=62,
+        screenshot=True,
+    ),
+    DeviceProfile(
+        name="kiosk_bw",
+        description="self-service kiosk scanner: thresholded to black and white, low resolution, "
+        "slight skew, dark platen",
+        width=256,
+        fill=(0.86, 0.94),
+        rotation_deg=2.0,
+        tilt=0.0,
+        corner_jitter=0.004,
+        background="platen",
+        background_rgb=(40, 40, 42),
+        drop_shadow=0.0,
+        light_gradient=0.1,
+        vignette=0.0,
+        defocus=(0.3, 0.6),
+        motion=0.0,
+        resolution=0.6,
+        noise=3.0,
+        chroma_noise=0.0,
+        white_balance=(1.0, 1.0, 1.0),
+        exposure=1.0,
+        contrast=1.0,
+        sharpen=0.0,
+        grayscale=True,
+        jpeg_quality=80,
+        binarise=True,
+    ),
+    DeviceProfile(
+        name="washed_scan",
+        description="cheap sheet-fed scanner on a faded receipt: low contrast, bright, grey, "
+        "streaks of uneven fading",
+        width=272,
+        fill=(0.9, 0.96),
+        rotation_deg=1.0,
+        tilt=0.0,
+        corner_jitter=0.003,
+        background="lid",
+        background_rgb=(225, 225, 222),
+        drop_shadow=0.05,
+        light_gradient=0.05,
+        vignette=0.0,
+        defocus=(0.6, 1.0),
+        motion=0.0,
+        resolution=0.9,
+        noise=2.0,
+        chroma_noise=0.0,
+        white_balance=(1.0, 1.0, 1.0),
+        exposure=1.18,
+        contrast=0.5,
+        sharpen=0.0,
+        grayscale=True,
+        jpeg_quality=70,
+        fade=0.4,
+    ),
+)
+DEFAULT_DEVICE_COUNT = len(DEVICES)
+DEVICES = DEVICES + HARSH_DEVICES
 
 
 def select_devices(count: int) -> tuple[DeviceProfile, ...]:

@@ -92,6 +92,7 @@ class SamplerConfig(_Section):
 
 class TrainConfig(_Section):
     epochs: PositiveInt
+    max_minutes: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     batch_size: PositiveInt
     seed: int
     lr: float = Field(gt=0)

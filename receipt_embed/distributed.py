@@ -155,6 +155,17 @@ class RankBatches:
                 yield identity_slice(batch, self.rank, self.world_size)
 
 
+def agree_after_step(ctx: DistContext, received: list, budget_spent: float) -> tuple[bool, float]:
+    """(whether any rank got a stop signal, the largest share of the time budget any rank has
+    spent), in one tiny all-reduce per step when distributed: every rank stops after the same
+    step and sets the same learning rate, though their clocks differ a little."""
+    if not ctx.distributed:
+        return bool(received), budget_spent
+    flags = torch.tensor([1.0 if received else 0.0, budget_spent], dtype=torch.float64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags[0].item() > 0), float(flags[1].item())
+
+
 def any_rank(ctx: DistContext, received: list) -> bool:
     """Whether any rank got a stop signal (one tiny all-reduce per step when distributed),
     so that every rank stops after the same step instead of waiting on a gone peer."""

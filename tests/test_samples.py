@@ -192,7 +192,9 @@ def test_every_device_has_its_own_consistent_look(all_device_captures):
 
     defaults = {device.name for device in DEVICES[:DEFAULT_DEVICE_COUNT]}
     looks = {
-        name: np.stack([_look(c) for c in captures]) for name, captures in all_device_captures.items() if name in defaults
+        name: np.stack([_look(c) for c in captures])
+        for name, captures in all_device_captures.items()
+        if name in defaults
     }
     scale = np.concatenate(list(looks.values())).std(axis=0)
     for name, rows in looks.items():

@@ -361,3 +361,57 @@ def test_resume_on_a_changed_manifest_does_not_advise_the_same_path(tmp_path):
         check_same_dataset(run, dataset_record(data))
     message = str(caught.value)
     assert f"the manifest of {data.resolve()} changed" in message and "--data" not in message, message
+
+
+def test_the_schedule_runs_over_the_time_budget_when_that_ends_first():
+    """The cosine position is the larger of the steps' and the budget's share: half the budget
+    spent after a tenth of the steps is the rate of half the way; a spent budget is zero."""
+    import math
+
+    from receipt_embed.training.schedule import lr_schedule
+
+    spent = {"share": 0.0}
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([param], lr=1.0)
+    config = load_config(overrides=["train.epochs=10", "train.warmup_epochs=0", "train.max_minutes=1"])
+    scheduler = lr_schedule(optimizer, 10, config, lambda: spent["share"])
+    rates = []
+    for share in (0.0, 0.5, 0.5, 0.999, 1.0):
+        spent["share"] = share
+        optimizer.step()
+        scheduler.step()
+        rates.append(optimizer.param_groups[0]["lr"])
+    assert rates[0] == pytest.approx(0.5 * (1 + math.cos(math.pi * 1 / 100)))  # the steps lead
+    assert rates[1] == rates[2] == pytest.approx(0.5)  # the time leads
+    assert rates[3] < 1e-5 and rates[4] == 0.0
+
+
+def test_a_time_budget_stops_training_annealed_and_resume_carries_the_time_spent(dataset, tmp_path):
+    """Tried as a new user would: a long recipe cut by the budget ends at a rate near zero, with
+    best.pt chosen; --resume of a spent run trains nothing until the budget is raised."""
+    from receipt_embed.fileio import read_jsonl
+
+    budget = 0.1  # minutes: some steps, far fewer than 200 epochs
+    config = load_config(overrides=[*TINY, "train.epochs=200", f"train.max_minutes={budget}"])
+    logged = []
+    started = time.perf_counter()
+    train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=logged.append)
+    took = time.perf_counter() - started
+    lines = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    assert lines[-1]["budget_spent"] == 1.0 and all(line["budget_spent"] < 1.0 for line in lines[:-1])
+    assert lines[-1]["lr"] < 0.1 * config.train.lr, "annealed at the end, not near the peak"
+    assert len(lines) < 200 and (tmp_path / "run" / "checkpoints" / "best.pt").exists()
+    assert any(m.startswith(f"time budget of {budget:g} min (train.max_minutes) spent in epoch") for m in logged)
+    assert took < 60 * budget + 30, "stops soon after the budget (evaluation and caching on top)"
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert state["spent_seconds"] >= 60 * budget
+
+    logged.clear()
+    train(config, dataset, tmp_path / "run", builtin_registry(), resume=True, progress=False, log=logged.append)
+    assert any("has spent its time budget (0.1 min): nothing to train" in m for m in logged), logged
+    assert len(list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))) == len(lines)
+    more = load_config(overrides=[*TINY, "train.epochs=200", f"train.max_minutes={2 * budget}"])
+    train(more, dataset, tmp_path / "run", builtin_registry(), resume=True, progress=False, log=lambda m: None)
+    resumed = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    assert len(resumed) > len(lines) and resumed[-1]["budget_spent"] == 1.0
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["spent_seconds"] >= 120 * budget

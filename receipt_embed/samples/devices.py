@@ -344,8 +344,7 @@ HARSH_DEVICES: tuple[DeviceProfile, ...] = (
     ),
     DeviceProfile(
         name="washed_scan",
-        description="cheap sheet-fed scanner on a faded receipt: low contrast, bright, grey, "
-        "streaks of uneven fading",
+        description="cheap sheet-fed scanner on a faded receipt: low contrast, bright, grey, streaks of uneven fading",
         width=272,
         fill=(0.9, 0.96),
         rotation_deg=1.0,

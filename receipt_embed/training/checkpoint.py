@@ -135,6 +135,9 @@ def check_resumable(state: dict, path) -> None:
             raise CheckpointError(f"{path}: {key} is {state[key]}; --resume needs a count of 0 or more")
     _check_best(state.get("best"), state["epoch"], path)
     _check_schedule(state, path)
+    spent = state.get("spent_seconds", 0.0)  # absent in checkpoints written before time budgets
+    if not isinstance(spent, (int, float)) or isinstance(spent, bool) or not math.isfinite(spent) or spent < 0:
+        raise CheckpointError(f"{path}: spent_seconds is {spent!r}; --resume needs a finite number of 0 or more")
     _check_sums(state["sums"], path)
     if "momentum_model" in state:
         _check_tensor_dict(state["momentum_model"], "momentum_model", path)

@@ -16,7 +16,7 @@ from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
 from receipt_embed.training.rundir import DATA_FILE, LAST, check_run_out, refuse_dataset_inside
 
 # config keys that may change when resuming (everything else must match the checkpoint)
-RESUMABLE_CHANGES = {"train.epochs", "train.num_workers", "plugins.dir", "plugins.strict"}
+RESUMABLE_CHANGES = {"train.epochs", "train.max_minutes", "train.num_workers", "plugins.dir", "plugins.strict"}
 
 
 def dataset_record(data_dir) -> dict:

@@ -9,12 +9,14 @@ import torch
 from receipt_embed.config import Config
 
 
-def lr_schedule(optimizer, steps_per_epoch: int, config: Config):
-    """Linear warmup from 1% then cosine decay to 0 at the last step of ``train.epochs``.
+def lr_schedule(optimizer, steps_per_epoch: int, config: Config, time_spent=None):
+    """Linear warmup from 1% then cosine decay to 0 at the last step of ``train.epochs``, or
+    when the time budget ends if that comes first (``time_spent``: a callable giving the share
+    of ``train.max_minutes`` spent, see :mod:`receipt_embed.training.budget`).
 
-    The factor is a pure function of the step and the *current* plan, so a run resumed with a
-    different ``train.epochs`` re-plans its cosine over the new total and still anneals to 0
-    at its end (a stateful cosine would keep the old period and climb back up)."""
+    The factor is a function of the step, the time spent and the *current* plan, so a run
+    resumed with a different ``train.epochs`` re-plans its cosine over the new total and still
+    anneals to 0 at its end (a stateful cosine would keep the old period and climb back up)."""
     total = max(1, steps_per_epoch * config.train.epochs)
     warmup = min(total - 1, round(config.train.warmup_epochs * steps_per_epoch))
 
@@ -22,6 +24,8 @@ def lr_schedule(optimizer, steps_per_epoch: int, config: Config):
         if step < warmup:
             return 0.01 + 0.99 * step / warmup
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if time_spent is not None:
+            progress = max(progress, time_spent())
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -28,6 +28,7 @@ def run_state(trainer) -> dict:
         "step": trainer.step,
         "sums": dict(trainer.sums),
         "best": trainer.best,
+        "spent_seconds": trainer.budget.spent(),  # against train.max_minutes, carried on by --resume
         "torch_rng": torch.get_rng_state(),
         "config": trainer.config_dict,
         "world_size": trainer.ctx.world_size,

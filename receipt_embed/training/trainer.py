@@ -29,11 +29,12 @@ from receipt_embed.batch_layout import TWO_VIEW
 from receipt_embed.config import Config, save_config
 from receipt_embed.data.cache import cache_size
 from receipt_embed.data.dataset_dir import cache_captures, load_dataset_dir, select_split
-from receipt_embed.distributed import RankBatches, any_rank, init_from_env
+from receipt_embed.distributed import RankBatches, agree_after_step, any_rank, init_from_env
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
 from receipt_embed.fileio import append_line, atomic_write_json
 from receipt_embed.locking import check_still_held
+from receipt_embed.training.budget import TimeBudget
 from receipt_embed.training.checkpoint import save_checkpoint
 from receipt_embed.training.components import build_components
 from receipt_embed.training.metrics import describe_epoch, epoch_line, fresh_sums
@@ -93,10 +94,13 @@ class Trainer(TrainingStep):
         params = list(self.model.parameters()) + list(self.loss_fn.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
         self.steps_per_epoch = len(self.sampler)
-        self.scheduler = lr_schedule(self.optimizer, self.steps_per_epoch, config)
+        self.budget, self.budget_spent = TimeBudget(config.train.max_minutes), 0.0
+        time_spent = (lambda: self.budget_spent) if config.train.max_minutes is not None else None
+        self.scheduler = lr_schedule(self.optimizer, self.steps_per_epoch, config, time_spent)
         self.epoch, self.step, self.sums, self.best = 0, 0, fresh_sums(), None
         if self.state is not None:
             self._restore(self.state)
+            self.budget.spent_before = self.state.get("spent_seconds", 0.0)
 
     # -- setting up ------------------------------------------------------------------------------
 
@@ -175,25 +179,47 @@ class Trainer(TrainingStep):
         result = TrainResult(self.run_dir)
         epochs = self.config.train.epochs
         loader = self._make_loader()
+        if self.epoch >= epochs or self.budget.exhausted():
+            self._nothing_to_train(epochs)
+        self.budget.start()
+        self.budget_spent = self.budget.progress()
+        with stop_on_signals() as received:
+            while self.epoch < epochs and not self.out_of_time:
+                self._train_epoch(loader, received)
+                line = self._end_epoch()
+                result.metrics.append(line)
+                self.log(describe_epoch(line))
+                if any_rank(self.ctx, received) and self.epoch < epochs and not self.out_of_time:  # during evaluation
+                    raise TrainingInterrupted(
+                        f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
+                        f"after epoch {self.epoch}; continue with --resume"
+                    )
+        if self.out_of_time and result.metrics:
+            last = result.metrics[-1]
+            self.log(
+                f"time budget of {self.config.train.max_minutes:g} min (train.max_minutes) spent in epoch "
+                f"{last['epoch']} at step {last['steps']} of {self.steps_per_epoch}: stopped, with the learning "
+                "rate annealed over the budget"
+            )
+        result.best_epoch = self.best["epoch"] if self.best else None
+        result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
+        return result
+
+    @property
+    def out_of_time(self) -> bool:
+        return self.config.train.max_minutes is not None and self.budget_spent >= 1.0
+
+    def _nothing_to_train(self, epochs: int) -> None:
         if self.epoch >= epochs:
             self.log(
                 f"{self.run_dir} has trained {self.epoch} epoch(s), train.epochs is {epochs}: nothing to train "
                 "(raise it with --set train.epochs=N to train on)"
             )
-        with stop_on_signals() as received:
-            while self.epoch < epochs:
-                self._train_epoch(loader, received)
-                line = self._end_epoch()
-                result.metrics.append(line)
-                self.log(describe_epoch(line))
-                if any_rank(self.ctx, received) and self.epoch < epochs:  # arrived during evaluation: last.pt is saved
-                    raise TrainingInterrupted(
-                        f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
-                        f"after epoch {self.epoch}; continue with --resume"
-                    )
-        result.best_epoch = self.best["epoch"] if self.best else None
-        result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
-        return result
+        else:
+            self.log(
+                f"{self.run_dir} has spent its time budget ({self.config.train.max_minutes:g} min): nothing to "
+                "train (raise it with --set train.max_minutes=N to train on)"
+            )
 
     def _train_epoch(self, loader: DataLoader, received: list) -> None:
         """The steps of one epoch (from ``self.step`` when resumed mid-epoch), with a progress bar;
@@ -220,7 +246,10 @@ class Trainer(TrainingStep):
             elapsed = self.sums["seconds"] + time.perf_counter() - started
             bar.set_postfix(loss=f"{loss:.4f}", views_s=f"{self.sums['views'] / max(elapsed, 1e-9):.0f}")
             bar.update()
-            if any_rank(self.ctx, received):  # all ranks stop after the same step
+            stop, self.budget_spent = agree_after_step(self.ctx, received, self.budget.progress())
+            if self.out_of_time:  # the schedule has reached 0: evaluate and save this partial epoch
+                break
+            if stop:  # all ranks stop after the same step
                 self.sums["seconds"] = elapsed
                 if self.ctx.is_main:
                     self._save_last(self._state())
@@ -250,7 +279,10 @@ class Trainer(TrainingStep):
 
     def _epoch_line(self) -> dict:
         """The epoch's training figures (``val`` is added by evaluation)."""
-        return epoch_line(self.epoch, self.sums, self.optimizer, self.sampler, self.ctx, self.rank_batches)
+        line = epoch_line(self.epoch, self.sums, self.optimizer, self.sampler, self.ctx, self.rank_batches)
+        if self.config.train.max_minutes is not None:
+            line["budget_spent"] = self.budget_spent  # share of train.max_minutes, 1.0 when it ran out
+        return line
 
     def _next_epoch(self) -> None:
         self.epoch += 1
@@ -266,7 +298,7 @@ class Trainer(TrainingStep):
             self.best = {"epoch": line["epoch"], "recall_at_1": selected}
         state = self._state()
         self._save_last(state)
-        if improved or (not len(self.val_set) and self.epoch == self.config.train.epochs):
+        if improved or (not len(self.val_set) and (self.epoch == self.config.train.epochs or self.out_of_time)):
             save_checkpoint(self.run_dir / BEST, state)
 
     def _save_last(self, state: dict) -> None:

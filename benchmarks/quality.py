@@ -1,7 +1,8 @@
 """Held-out retrieval of receipt captures: baselines, peers and training recipes in one table.
 
     python benchmarks/quality.py SAMPLES_DIR --out DIR [--heldout-share 0.4] [--leave-out-devices D,...]
-        [--distractors SAMPLES_DIR2] [--seeds 0 1] [--recipe NAME [KEY=VALUE ...]] ... [--json FILE]
+        [--distractors SAMPLES_DIR2] [--seeds 0 1] [--recipe NAME [KEY=VALUE ...]] ... [--set KEY=VALUE ...]
+        [--json FILE]
 
 SAMPLES_DIR holds a manifest.csv (from `receipt-embed make-samples`, or real scans captured
 with `make-samples --from-scans`). Receipts are split at random (the benchmark's own seed 0,
@@ -20,8 +21,8 @@ the gallery (never as a query). Rows: raw pixels (48 x 24 grayscale, standardise
 perceptual hash (imagehash's pHash, when installed: see benchmarks/README.md), each recipe's
 encoder untrained, then trained per seed (wall seconds and training views/s).
 
-A recipe is a name and ``--set`` overrides; ``defaults`` with none is what `receipt-embed
-train` does with no options. Each is embedded with the features `receipt-embed index` uses
+A recipe is a name and config overrides (``--set`` ones apply to every recipe); ``defaults``
+with none is what `receipt-embed train` does with no options. Each is embedded with the features `receipt-embed index` uses
 (``--features``, backbone by default) and also with the other ones.
 """
 
@@ -192,7 +193,8 @@ def run(args) -> list[dict]:
         record({"embedding": "pHash (imagehash)"}, hashes)
     registry = _registry(args.plugins_dir)
     recipes = args.recipe or [["defaults"]]
-    for name, *overrides in recipes:
+    for name, *own in recipes:
+        overrides = [*args.common, *own]
         untrained = _untrained(overrides, registry)
         for features in FEATURES:
             record({"embedding": f"{name} untrained", "features": features}, embed_paths(untrained, paths, features))
@@ -236,6 +238,7 @@ def main() -> None:
     parser.add_argument("--distractors", default=None, help="a samples dir whose captures pad the gallery")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--recipe", nargs="+", action="append", metavar=("NAME", "KEY=VALUE"))
+    parser.add_argument("--set", dest="common", action="append", default=[], help="an override for every recipe")
     parser.add_argument("--plugins-dir", default=None, help="also load this plugins folder (e.g. plugins/)")
     parser.add_argument("--json", default=None, help="append one JSON line per row to this file")
     args = parser.parse_args()

@@ -77,6 +77,7 @@ class ModelConfig(_Section):
 class LossConfig(_Section):
     name: str
     temperature: float = Field(gt=0)
+    koleo_weight: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     params: dict[str, Any]
 
 

@@ -8,6 +8,7 @@ positives, temperatures 0.01..1 and a MoCo queue present or absent.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import loss_reference as ref
@@ -503,3 +504,44 @@ def test_debiased_clamp_binds_when_positives_dominate():
         lambda e: ref.debiased(e, labels, t, tau_plus),
         x + 1e-3 * torch.randn_like(x),
     )
+
+
+def test_koleo_matches_a_dense_reference_in_value_and_gradient(monkeypatch):
+    """The chunked regulariser (chunks of 5 rows here) against a dense masked min-distance, and
+    a same-receipt neighbour is never the one pushed away."""
+    import receipt_embed.losses.koleo as koleo_module
+
+    monkeypatch.setattr(koleo_module, "CHUNK", 5)
+    torch.manual_seed(0)
+    x = torch.randn(23, 6, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 7, (23,))
+    labels[-1] = 99  # a receipt alone in the batch still has other-receipt neighbours
+
+    def dense(embeddings):
+        z = torch.nn.functional.normalize(embeddings, dim=1)
+        distances = torch.cdist(z, z)
+        distances = distances.masked_fill(labels[:, None] == labels[None, :], float("inf"))
+        return -torch.log(distances.min(dim=1).values + koleo_module.EPS).mean()
+
+    ours = koleo_module.koleo(x, labels)
+    reference = dense(x.detach().clone().requires_grad_(True))
+    assert ours.item() == pytest.approx(reference.item(), rel=1e-5)
+    (grad,) = torch.autograd.grad(ours, x)
+    y = x.detach().clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(dense(y), y)
+    assert torch.allclose(grad.double(), expected, atol=1e-5)
+    twins = torch.tensor([[1.0, 0.0], [1.0, 1e-6], [0.0, 1.0]])
+    assert koleo_module.koleo(twins, torch.tensor([0, 0, 1])).item() == pytest.approx(-math.log(math.sqrt(2)), rel=1e-4)
+    alone = torch.randn(4, 3, requires_grad=True)
+    assert koleo_module.koleo(alone, torch.zeros(4, dtype=torch.long)).item() == 0.0
+
+
+def test_koleo_weight_adds_the_regulariser_to_the_training_loss():
+    from receipt_embed.losses import NTXentLoss
+    from receipt_embed.losses.koleo import koleo, with_koleo
+
+    torch.manual_seed(1)
+    z, labels = torch.randn(8, 4), torch.arange(4).repeat(2)
+    loss = NTXentLoss(temperature=0.1)
+    assert with_koleo(loss, 0.0) is loss
+    assert with_koleo(loss, 20.0)(z, labels).item() == pytest.approx((loss(z, labels) + 20 * koleo(z, labels)).item())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -415,3 +416,15 @@ def test_a_time_budget_stops_training_annealed_and_resume_carries_the_time_spent
     resumed = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
     assert len(resumed) > len(lines) and resumed[-1]["budget_spent"] == 1.0
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["spent_seconds"] >= 120 * budget
+
+
+def test_loss_koleo_weight_is_trained_with(dataset, tmp_path):
+    """The regulariser reaches the logged training loss (same seed, same batches, another loss)."""
+    losses = []
+    for weight in (0.0, 10.0):
+        config = load_config(overrides=[*TINY, "train.epochs=1", f"loss.koleo_weight={weight}"])
+        result = train(
+            config, dataset, tmp_path / f"run{weight}", builtin_registry(), progress=False, log=lambda m: None
+        )
+        losses.append(result.metrics[0]["loss"])
+    assert math.isfinite(losses[1]) and abs(losses[1] - losses[0]) > 1e-3

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 import torch
 
 from receipt_embed.batch_layout import TWO_VIEW
+from receipt_embed.losses.koleo import with_koleo
 from receipt_embed.registry import plugin_errors
 from receipt_embed.training.components import check_loss_value
 from receipt_embed.training.rundir import LAST
@@ -42,16 +43,17 @@ class TrainingStep:
         self.model.train()
         with autocast, plugin_errors(self.registry, "encoder", self.config.model.encoder, "embedding a batch"):
             _, projections = self.forward_model(views)
+        loss_fn = with_koleo(self.loss_fn, self.config.loss.koleo_weight)
         if self.ctx.distributed:
             from receipt_embed.distributed import global_loss
 
             two_view = self.batches.layout == TWO_VIEW  # each rank's slice keeps [first views; second views]
             keys = None if self.key_model is None else self._momentum_keys(views, labels)
-            return global_loss(self.loss_fn, projections.float(), labels, two_view=two_view, local_keys=keys)
+            return global_loss(loss_fn, projections.float(), labels, two_view=two_view, local_keys=keys)
         if self.key_model is None:
             with plugin_errors(self.registry, "loss", self.config.loss.name, "computing the loss"):
-                return self.loss_fn(projections.float(), labels)
-        return self.loss_fn(projections.float(), labels, keys=self._momentum_keys(views, labels))
+                return loss_fn(projections.float(), labels)
+        return loss_fn(projections.float(), labels, keys=self._momentum_keys(views, labels))
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         if torch.isfinite(loss):

@@ -7,6 +7,8 @@ import io
 from collections import defaultdict
 from pathlib import Path
 
+import json
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -410,11 +412,38 @@ def test_scans_listed_with_metadata_carry_it_and_identical_bytes_share_a_receipt
     assert (out / "002_phone_a.jpg").read_bytes() != (out / "000_phone_a.jpg").read_bytes()  # two captures of it
 
     (folder / "receipts.jsonl").write_text(json.dumps({"path": "../elsewhere.png"}) + "\n")
-    with pytest.raises(ValueError, match=r"receipts.jsonl, line 1: ../elsewhere.png is not a file inside"):
+    with pytest.raises(ValueError, match=r"receipts.jsonl, line 1: '../elsewhere.png' is not a file inside"):
         read_scans(folder)
     (folder / "receipts.jsonl").write_text('{"path": "images/000.png", "company": ["a"]}\n')
     with pytest.raises(ValueError, match="line 1: company is list; metadata must be text or a number"):
         read_scans(folder)
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"path": "images/000.png", "scan_id": "../../victim/PRECIOUS"}, "scan name '../../victim/PRECIOUS' cannot"),
+        ({"path": "images/000.png", "scan_id": ".."}, "scan name '..' cannot name capture files"),
+        ({"path": "images/000.png", "scan_id": "DUP\nDUPLICATE"}, r"scan name 'DUP\nDUPLICATE' cannot"),
+        ({"path": "images/000.png", "scan_id": "x" * 300}, "cannot name capture files"),
+        ({"path": "images/000.png\u0000x"}, r"line 1: 'images/000.png\x00x' is not a file inside"),
+        ({"path": "images/000.png", "scan_id": "x\u0000y"}, r"scan name 'x\x00y' cannot name capture files"),
+    ],
+)
+def test_a_listing_cannot_name_files_outside_the_set(tmp_path, row, message):
+    """Attack round 8: a scan_id of ../../victim/PRECIOUS made make-samples overwrite the user's
+    victim/PRECIOUS_phone_a.jpg, and a NUL byte was an internal error."""
+    folder = tmp_path / "scans"
+    (folder / "images").mkdir(parents=True)
+    Image.new("RGB", (40, 90), "white").save(folder / "images" / "000.png")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "PRECIOUS_phone_a.jpg").write_text("precious")
+    (folder / "receipts.jsonl").write_text(json.dumps(row) + "\n")
+    result = CliRunner().invoke(main, ["make-samples", "--out", str(tmp_path / "out"), "--from-scans", str(folder)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output, result.output
+    assert (victim / "PRECIOUS_phone_a.jpg").read_text() == "precious" and not (tmp_path / "out").exists()
 
 
 # --- harsher capture conditions ----------------------------------------------------------

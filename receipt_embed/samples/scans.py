@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import parse_json
 from receipt_embed.userfiles import UnusableFile, read_regular, read_regular_text
@@ -25,6 +26,7 @@ LISTING = "receipts.jsonl"
 SCAN_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp"})
 MAX_LISTING_BYTES = 64 * 1024 * 1024
 MAX_SCAN_BYTES = 64 * 1024 * 1024
+MAX_NAME_BYTES = 200  # a scan's name becomes its captures' file names, NAME_DEVICE.jpg (255 bytes at most)
 # listing fields that are not carried as metadata: where the scan is, its id, the columns the set
 # writes itself, and the scan's size (ingest measures each capture's own; it names any other clash)
 _NOT_METADATA = {"path", "scan_id", "company", "receipt_id", "device", "merchant", "width", "height"}
@@ -57,8 +59,30 @@ def scans_of_paths(paths) -> list[Scan]:
     return same_receipt_for_identical_bytes([Scan(Path(p), Path(p).stem, Path(p).stem) for p in paths])
 
 
+def check_scan_name(name: str, where: str) -> str:
+    """``name`` if it can name capture files inside the set's images/ folder: one plain file name
+    (no ``/``, no ``..``, no control or invisible characters, at most MAX_NAME_BYTES), so a
+    listing can never make make-samples write outside the set or print a line it did not write."""
+    encoded = name.encode("utf-8", "surrogateescape")
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or not name.isprintable()
+        or len(encoded) > MAX_NAME_BYTES
+    ):
+        raise BadInput(
+            f"{where}: scan name {quoted(shortened(name))} cannot name capture files: use a plain "
+            f"file name (no slashes or backslashes, not '..', no control characters; at most {MAX_NAME_BYTES} bytes)"
+        )
+    return name
+
+
 def same_receipt_for_identical_bytes(scans: list[Scan]) -> list[Scan]:
     """Byte-identical scans get the receipt id and metadata of the first of them; names must be unique."""
+    for scan in scans:
+        check_scan_name(scan.name, str(scan.path))
     repeated = sorted(name for name, n in Counter(s.name for s in scans).items() if n > 1)
     if repeated:
         raise BadInput(
@@ -98,9 +122,13 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
         if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
             raise BadInput(f"{where}: expected a JSON object with a 'path' (the scan, relative to {folder})")
         path = folder / row["path"]
-        if not path.resolve().is_relative_to(root) or not path.is_file():
-            raise BadInput(f"{where}: {row['path']} is not a file inside {folder}")
-        name = str(row.get("scan_id") or path.stem)
+        try:
+            inside = path.resolve().is_relative_to(root) and path.is_file()
+        except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop, a name too long
+            inside = False
+        if not inside:
+            raise BadInput(f"{where}: {quoted(shortened(row['path']))} is not a file inside {folder}")
+        name = check_scan_name(str(row.get("scan_id") or path.stem), where)
         metadata = {"merchant": _text(row.get("company"), where, "company")}
         for key, value in row.items():
             if key not in _NOT_METADATA:

@@ -428,3 +428,29 @@ def test_loss_koleo_weight_is_trained_with(dataset, tmp_path):
         )
         losses.append(result.metrics[0]["loss"])
     assert math.isfinite(losses[1]) and abs(losses[1] - losses[0]) > 1e-3
+
+
+def test_a_val_split_without_a_receipt_captured_twice_trains_and_keeps_the_last_epoch(tmp_path):
+    """Attack round 8: the epoch line formatted val recall None with :.3f, an internal error, and no
+    best.pt was ever written; now it says why there is no figure and best.pt is the last epoch."""
+    import csv
+
+    with open(REPO / "data_samples" / "manifest.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    receipts = sorted({row["receipt_id"] for row in rows})
+    val = set(receipts[40:48])
+    kept = []
+    for row in rows:
+        split = "val" if row["receipt_id"] in val else "train" if row["receipt_id"] in receipts[:40] else "heldout"
+        if split != "val" or row["device"] == "phone_a":
+            kept.append({**row, "path": str(REPO / "data_samples" / row["path"]), "split": split})
+    with open(tmp_path / "manifest.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(kept[0]))
+        writer.writeheader()
+        writer.writerows(kept)
+    ingest(tmp_path / "manifest.csv", tmp_path / "ds", load_config(overrides=["ingest.allow_absolute_paths=true"]).ingest)
+    logged = []
+    config = load_config(overrides=[*TINY, "train.epochs=2"])
+    train(config, tmp_path / "ds", tmp_path / "run", builtin_registry(), progress=False, log=logged.append)
+    assert sum("val recall@1 backbone n/a (no val receipt has two captures)" in m for m in logged) == 2, logged
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["epoch"] == 2

@@ -14,10 +14,15 @@ def describe_epoch(line: dict) -> str:
     if "val" in line:
         v = line["val"]
         text += (
-            f", val recall@1 backbone {v['backbone']['recall_at_1']:.3f} / head {v['head']['recall_at_1']:.3f}"
+            f", val recall@1 backbone {_figure(v['backbone']['recall_at_1'])} / head {_figure(v['head']['recall_at_1'])}"
             f", eff. rank {v['diagnostics']['head']['effective_rank']:.1f}"
         )
     return text
+
+
+def _figure(value) -> str:
+    """A recall, or why there is none: a val split whose receipts have one capture each has no query."""
+    return "n/a (no val receipt has two captures)" if value is None else f"{value:.3f}"
 
 
 def epoch_line(epoch: int, sums: dict, optimizer, sampler, ctx, rank_batches) -> dict:

@@ -298,7 +298,8 @@ class Trainer(TrainingStep):
             self.best = {"epoch": line["epoch"], "recall_at_1": selected}
         state = self._state()
         self._save_last(state)
-        if improved or (not len(self.val_set) and (self.epoch == self.config.train.epochs or self.out_of_time)):
+        last_epoch = self.epoch == self.config.train.epochs or self.out_of_time
+        if improved or (selected is None and last_epoch):  # no val figure to choose by: the last epoch
             save_checkpoint(self.run_dir / BEST, state)
 
     def _save_last(self, state: dict) -> None:

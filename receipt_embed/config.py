@@ -9,6 +9,7 @@ what each value must be.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
@@ -28,8 +29,26 @@ class ConfigError(BadInput):
 
 
 class _Section(BaseModel):
-    # frozen: a validated config is never changed in place; config_with() makes a changed copy
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    # frozen: a validated config is never changed in place; config_with() makes a changed copy;
+    # no NaN or infinity in any number (a NaN compares false with everything; JSON has neither)
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, allow_inf_nan=False)
+
+
+def _finite_numbers(value, where: str = ""):
+    """``value`` (a plugin's params) if every number in it is finite: the run's config.yaml and
+    checkpoint store it as JSON, where NaN and infinity do not exist (they became null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{where or 'a value'} is {value}; plugin parameters must be finite numbers")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite_numbers(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for number, item in enumerate(value):
+            _finite_numbers(item, f"{where}[{number}]")
+    return value
+
+
+Params = Annotated[dict[str, Any], AfterValidator(_finite_numbers)]  # extra keyword arguments for a plugin
 
 
 # sizes far beyond any receipt model: a checkpoint naming one is corrupt or crafted, and would make
@@ -71,24 +90,24 @@ class ModelConfig(_Section):
     head_dim: Width
     bn_momentum: float = Field(gt=0, le=1)
     input_norm: Literal["fixed", "per_image"]
-    params: dict[str, Any] = Field(default_factory=dict)  # extra keyword arguments for the encoder plugin
+    params: Params = Field(default_factory=dict)  # extra keyword arguments for the encoder plugin
 
 
 class LossConfig(_Section):
     name: str
     temperature: float = Field(gt=0)
     koleo_weight: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    params: dict[str, Any]
+    params: Params
 
 
 class AugmentConfig(_Section):
     preset: str
-    params: dict[str, Any]
+    params: Params
 
 
 class SamplerConfig(_Section):
     name: str
-    params: dict[str, Any]
+    params: Params
 
 
 class TrainConfig(_Section):

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import parse_json
 from receipt_embed.stops import StoppedBySignal, as_stop, signal_name, signals_stop_the_command, sigterm_unwinds
@@ -42,9 +43,21 @@ class UnusableLockFile(BadInput):
     """The lock file is a link, FIFO, device or folder (or has other names): never written through."""
 
 
+MAX_DIR_NAME_BYTES = 200  # a dir a command writes keeps siblings .NAME.lock and .NAME.staging-PID (255 at most)
+
+
+class NameTooLong(BadInput):
+    """An output dir's name leaves no room for the lock and staging names beside it."""
+
+
 def lock_path(out: str | os.PathLike) -> Path:
     """``PARENT/.NAME.lock`` for the dir ``out`` (resolved, so two spellings share one lock)."""
     out = Path(os.path.abspath(out))
+    if len(os.fsencode(out.name)) > MAX_DIR_NAME_BYTES:
+        raise NameTooLong(
+            f"--out {shortened(str(out))}: the name is {len(os.fsencode(out.name))} bytes; an output dir's name "
+            f"may have at most {MAX_DIR_NAME_BYTES}, to leave room beside it for .NAME.lock and .NAME.staging-PID"
+        )
     parent = out.parent.resolve() if out.parent.exists() else out.parent
     return parent / f".{out.name}.lock"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import math
 import numbers
 import re
 from collections.abc import Callable
@@ -96,7 +97,7 @@ _NUMBER_TYPES = {"float": numbers.Real, "int": numbers.Integral}
 
 def _mistyped_number(factory, params: dict) -> str | None:
     """Why a value cannot go to a parameter the factory annotates ``float`` or ``int`` (optionally
-    ``| None``), or None: text such as ``nan`` read from ``--check-set x=nan``, a NaN, a bool. A
+    ``| None``), or None: text such as ``nan`` read from ``--check-set x=nan``, NaN or infinity, a bool. A
     factory would compare with it and quietly never (or always) decide, or fail deep inside."""
     try:
         parameters = inspect.signature(factory).parameters
@@ -114,8 +115,8 @@ def _mistyped_number(factory, params: dict) -> str | None:
             continue
         if isinstance(value, bool) or not isinstance(value, _NUMBER_TYPES[number]):
             return f"parameter {quoted(key)} takes a number ({number}), got {quoted(shortened(value))}"
-        if value != value:  # NaN
-            return f"parameter {quoted(key)} takes a number ({number}), got NaN"
+        if not math.isfinite(value):  # a NaN compares false with everything; JSON reports have neither
+            return f"parameter {quoted(key)} takes a finite number ({number}), got {value}"
     return None
 
 
@@ -186,7 +187,7 @@ class Registry:
             close = difflib.get_close_matches(name, list(available), n=1)
             hint = f" Did you mean {quoted(close[0])}?" if close else ""
             raise ComponentError(
-                f"unknown {kind} {quoted(name)}. Available: {names}.{hint} (From a plugin? "
+                f"unknown {kind} {quoted(shortened(name))}. Available: {names}.{hint} (From a plugin? "
                 "`receipt-embed plugins` lists what loads here, from ./plugins or --plugins-dir.)"
             )
         return available[name]

@@ -151,3 +151,24 @@ def test_a_huge_value_is_shown_shortened_in_the_error(tmp_path):
     assert str(raised.value) == f"--set expects key.path=value, got '{'y' * SHOWN_CHARACTERS}... (100000 characters)'"
     with pytest.raises(ConfigError, match=r"unknown config key 'train\.z{200}\.\.\. \(300 characters\)'"):
         load_config(overrides=["train." + "z" * 300 + "=1"])
+
+
+def test_no_infinity_or_nan_in_any_config_number():
+    """Attack round 8: `loss.params={tau_plus: .inf}` reached the loss as None (JSON has no
+    infinity), and the loss's message said "got None"."""
+    with pytest.raises(ConfigError, match=r"config key 'loss.params': tau_plus is inf; plugin parameters must be"):
+        load_config(overrides=["loss.params={tau_plus: .inf}"])
+    with pytest.raises(ConfigError, match=r"config key 'augment.params': a\[1\] is nan"):
+        load_config(overrides=["augment.params={a: [1, .nan]}"])
+    with pytest.raises(ConfigError, match=r"config key 'train.lr': Input should be a finite number"):
+        load_config(overrides=["train.lr=1e400"])
+
+
+def test_an_unknown_component_with_a_huge_name_is_shown_shortened():
+    """Attack round 8: `--set loss.name=<100 KB>` printed a 100,178-character line."""
+    from conftest import builtin_registry
+
+    from receipt_embed.registry import ComponentError
+
+    with pytest.raises(ComponentError, match=r"^unknown loss 'q{200}\.\.\. \(100000 characters\)'\. Available: "):
+        builtin_registry().get("loss", "q" * 100_000)

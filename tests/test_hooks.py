@@ -310,7 +310,9 @@ def test_audit_checks_can_be_skipped_and_given_parameters(cli, tmp_path):
         "audit_check 'hubness' (from plugin 'hubness'): parameter 'max_skewness' takes a number (float), got 'nan'"
         in not_a_number.stderr
     )
-    assert audit("--check-set", "hubness.max_skewness=.inf", out="f3").returncode == 0, "never flag: allowed"
+    for value in (".inf", "1e400"):  # attack round 8: infinity was taken, and audit.json then was not JSON
+        infinite = audit("--check-set", f"hubness.max_skewness={value}", out="f3")
+        assert infinite.returncode == 2 and "takes a finite number (float), got inf" in infinite.stderr
     # values read like --set values, and recorded with the results
     audit("--check-set", "hubness.max_skewness=1e1", "--check-set", "hubness.min_items=50", out="g")
     recorded = json.loads((tmp_path / "g" / "audit.json").read_text())["checks"]["hubness"]["params"]

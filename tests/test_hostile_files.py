@@ -470,3 +470,20 @@ def test_a_huge_checkpoint_named_by_an_index_dir_is_refused_unread(checkpoint_in
     result = run_cli("search", index, query, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"{huge}: is {300 * 1024**3} bytes, over the limit of" in result.stderr
+
+
+def test_over_long_names_are_one_line_not_an_internal_error(tmp_path):
+    """Attack round 8: a 256-byte --plugins-dir or train --out was an internal error (ENAMETOOLONG),
+    and a legal 250-byte --out could never be written (its .NAME.lock is over 255 bytes)."""
+    from conftest import REPO, run_cli
+
+    long = tmp_path / ("p" * 256)
+    fits = tmp_path / ("q" * 250)
+    for args in (["--plugins-dir", long, "plugins"], ["train", "--data", tmp_path, "--out", long]):
+        result = run_cli(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.strip().endswith("a name in this path is too long for the file system"), result.stderr
+    result = run_cli("ingest", REPO / "data_samples", "--out", fits, "-q")
+    assert result.returncode == 2, result.stderr
+    assert "the name is 250 bytes; an output dir's name may have at most 200" in result.stderr
+    assert not fits.exists()

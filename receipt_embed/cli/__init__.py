@@ -14,7 +14,7 @@ import warnings
 
 import click
 
-from receipt_embed.display import printable
+from receipt_embed.display import printable, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.version import __version__
 
@@ -114,6 +114,10 @@ class LazyGroup(click.Group):
             click.echo(f"Error: {exc}", err=True)
             sys.exit(2)
         except Exception as exc:  # not bad input: a bug, told apart from bad input by exit code 1
+            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG and not _debug:  # the user's path
+                where = f"{shortened(os.fsdecode(exc.filename))}: " if exc.filename else ""
+                click.echo(printable(f"Error: {where}a name in this path is too long for the file system"), err=True)
+                sys.exit(2)
             if _debug:
                 raise
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -156,7 +160,7 @@ class LazyGroup(click.Group):
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Warnings on the command line read as messages, not as source locations; they often
     quote values from files or plugins, so those print escaped, one warning a line."""
-    from receipt_embed.display import printable
+    from receipt_embed.display import printable, shortened
 
     click.echo(f"Warning: {printable(message)}", err=True)
 
@@ -210,13 +214,13 @@ def run() -> None:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    if _reader_gone and code == 1:  # click's quiet exit for a closed pipe; the usual code tells it apart
-        code = CLOSED_PIPE_EXIT
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # a closed pipe or full disk was reported already; nothing more to say
             pass
+    if _reader_gone and code in (0, 1):  # click's quiet exit, or output cut at the last flush: the usual code
+        code = CLOSED_PIPE_EXIT
     os._exit(code or 0)
 
 

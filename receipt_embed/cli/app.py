@@ -8,6 +8,8 @@ registry, and turns their errors into one-line exit-code-2 messages. Commands re
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import click
@@ -33,7 +35,7 @@ class InputError(click.ClickException):
 
         if self.lines:
             return "\n".join(printable(line) for line in self.lines)
-        return printable(self.message)
+        return printable(re.sub(r"^\[Errno \d+\] ", "", self.message))  # an OSError's text: the words, not the number
 
 
 class Application:

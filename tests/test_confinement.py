@@ -245,3 +245,15 @@ def test_a_capture_that_cannot_be_shown_says_why_in_the_report(trained, tmp_path
     result = run_cli("audit-shortcuts", index, "--out", out, "--gallery", "2", "-q", "--images-root", captures)
     assert result.returncode == 0, result.stderr
     assert "no image: is a FIFO (named pipe), not a regular file</div>" in (out / "audit.html").read_text()
+
+
+def test_a_large_ingest_report_still_names_the_capture_folder(tmp_path):
+    """Attack round 8: a 23 MB report (125,000 rejected rows) was over the 16 MiB cap of small JSON
+    files, so the audit found no capture folder and showed no thumbnails."""
+    from receipt_embed.audit.confine import _capture_folder
+
+    rejected = [{"line": n, "path": "images/x.jpg", "reason": "repeated_row"} for n in range(300_000)]
+    report = json.dumps({"source": str(tmp_path / "captures" / "manifest.csv"), "rejected": rejected})
+    assert len(report) > 16 * 2**20
+    (tmp_path / "ingest_report.json").write_text(report)
+    assert _capture_folder(tmp_path) == tmp_path / "captures"

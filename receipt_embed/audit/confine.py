@@ -23,10 +23,10 @@ INGEST_REPORT = "ingest_report.json"
 
 def _capture_folder(folder: Path) -> Path | None:
     """The folder ``ingest`` resolved a dataset dir's captures in, or None if unrecorded."""
-    from receipt_embed.fileio import read_json
+    from receipt_embed.fileio import MAX_JSONL_BYTES, read_json
 
-    try:
-        report = read_json(folder / INGEST_REPORT)  # a FIFO or /dev/zero is refused, never read
+    try:  # within the cap of the dataset's own manifest.jsonl: a report lists every rejected row
+        report = read_json(folder / INGEST_REPORT, MAX_JSONL_BYTES)  # a FIFO or /dev/zero is refused, never read
     except (OSError, ValueError):
         return None
     source = report.get("source") if isinstance(report, dict) else None

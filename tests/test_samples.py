@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections import defaultdict
 from pathlib import Path
-
-import json
 
 import numpy as np
 import pytest

@@ -448,7 +448,9 @@ def test_a_val_split_without_a_receipt_captured_twice_trains_and_keeps_the_last_
         writer = csv.DictWriter(handle, fieldnames=list(kept[0]))
         writer.writeheader()
         writer.writerows(kept)
-    ingest(tmp_path / "manifest.csv", tmp_path / "ds", load_config(overrides=["ingest.allow_absolute_paths=true"]).ingest)
+    ingest(
+        tmp_path / "manifest.csv", tmp_path / "ds", load_config(overrides=["ingest.allow_absolute_paths=true"]).ingest
+    )
     logged = []
     config = load_config(overrides=[*TINY, "train.epochs=2"])
     train(config, tmp_path / "ds", tmp_path / "run", builtin_registry(), progress=False, log=logged.append)

@@ -160,7 +160,7 @@ class LazyGroup(click.Group):
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Warnings on the command line read as messages, not as source locations; they often
     quote values from files or plugins, so those print escaped, one warning a line."""
-    from receipt_embed.display import printable, shortened
+    from receipt_embed.display import printable
 
     click.echo(f"Warning: {printable(message)}", err=True)
 

@@ -9,7 +9,6 @@ registry, and turns their errors into one-line exit-code-2 messages. Commands re
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 
 import click

@@ -34,3 +34,24 @@ class TimeBudget:
 
     def exhausted(self) -> bool:
         return self.seconds is not None and self.spent() >= self.seconds
+
+
+def budget_spent(max_minutes: float, last_line: dict, steps_per_epoch: int) -> str:
+    """The line a run stopped by its budget logs."""
+    return (
+        f"time budget of {max_minutes:g} min (train.max_minutes) spent in epoch {last_line['epoch']} at step "
+        f"{last_line['steps']} of {steps_per_epoch}: stopped, with the learning rate annealed over the budget"
+    )
+
+
+def nothing_to_train(run_dir, epoch: int, epochs: int, max_minutes: float | None) -> str:
+    """What a resumed run that has nothing left to do logs: its epochs, or its time, are spent."""
+    if epoch >= epochs:
+        return (
+            f"{run_dir} has trained {epoch} epoch(s), train.epochs is {epochs}: nothing to train "
+            "(raise it with --set train.epochs=N to train on)"
+        )
+    return (
+        f"{run_dir} has spent its time budget ({max_minutes:g} min): nothing to train "
+        "(raise it with --set train.max_minutes=N to train on)"
+    )

@@ -34,9 +34,10 @@ from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
 from receipt_embed.fileio import append_line, atomic_write_json
 from receipt_embed.locking import check_still_held
-from receipt_embed.training.budget import TimeBudget
+from receipt_embed.training.budget import TimeBudget, budget_spent, nothing_to_train
 from receipt_embed.training.checkpoint import save_checkpoint
 from receipt_embed.training.components import build_components
+from receipt_embed.training.hooks import call_epoch_hooks
 from receipt_embed.training.metrics import describe_epoch, epoch_line, fresh_sums
 from receipt_embed.training.resume import check_same_dataset, dataset_record, open_run
 from receipt_embed.training.rundir import BEST, CONFIG_FILE, DATA_FILE, LAST, METRICS_FILE
@@ -180,7 +181,7 @@ class Trainer(TrainingStep):
         epochs = self.config.train.epochs
         loader = self._make_loader()
         if self.epoch >= epochs or self.budget.exhausted():
-            self._nothing_to_train(epochs)
+            self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
         self.budget.start()
         self.budget_spent = self.budget.progress()
         with stop_on_signals() as received:
@@ -195,12 +196,7 @@ class Trainer(TrainingStep):
                         f"after epoch {self.epoch}; continue with --resume"
                     )
         if self.out_of_time and result.metrics:
-            last = result.metrics[-1]
-            self.log(
-                f"time budget of {self.config.train.max_minutes:g} min (train.max_minutes) spent in epoch "
-                f"{last['epoch']} at step {last['steps']} of {self.steps_per_epoch}: stopped, with the learning "
-                "rate annealed over the budget"
-            )
+            self.log(budget_spent(self.config.train.max_minutes, result.metrics[-1], self.steps_per_epoch))
         result.best_epoch = self.best["epoch"] if self.best else None
         result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
         return result
@@ -208,18 +204,6 @@ class Trainer(TrainingStep):
     @property
     def out_of_time(self) -> bool:
         return self.config.train.max_minutes is not None and self.budget_spent >= 1.0
-
-    def _nothing_to_train(self, epochs: int) -> None:
-        if self.epoch >= epochs:
-            self.log(
-                f"{self.run_dir} has trained {self.epoch} epoch(s), train.epochs is {epochs}: nothing to train "
-                "(raise it with --set train.epochs=N to train on)"
-            )
-        else:
-            self.log(
-                f"{self.run_dir} has spent its time budget ({self.config.train.max_minutes:g} min): nothing to "
-                "train (raise it with --set train.max_minutes=N to train on)"
-            )
 
     def _train_epoch(self, loader: DataLoader, received: list) -> None:
         """The steps of one epoch (from ``self.step`` when resumed mid-epoch), with a progress bar;
@@ -274,7 +258,7 @@ class Trainer(TrainingStep):
         append_line(self.run_dir / METRICS_FILE, json.dumps(line))  # one write + fsync: a crash tears at most this line
         self._next_epoch()
         self._save_checkpoints(line)
-        self._epoch_hooks(line)
+        call_epoch_hooks(self.registry, self.run_dir, line, self.model, self.config)
         return line
 
     def _epoch_line(self) -> dict:
@@ -308,24 +292,6 @@ class Trainer(TrainingStep):
         if self.replacement is not None:
             self.replacement.checkpoint_written()
             self.replacement = None
-
-    def _epoch_hooks(self, line: dict) -> None:
-        """Plugins' ``on_epoch_end`` (trackers, checkpoint copies); one failing plugin only warns."""
-        from receipt_embed.plugin_manager import call_hook, hook_implementations
-
-        if not hook_implementations(self.registry, "on_epoch_end"):
-            return
-        self.model.eval()
-        call_hook(
-            self.registry,
-            "on_epoch_end",
-            where=f"epoch {line['epoch']}",
-            run_dir=self.run_dir.resolve(),
-            epoch=line["epoch"],
-            metrics=json.loads(json.dumps(line)),
-            model=self.model,
-            config=self.config,
-        )
 
 
 def train(

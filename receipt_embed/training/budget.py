@@ -32,9 +32,6 @@ class TimeBudget:
         """The share of the budget spent (0 without a budget)."""
         return 0.0 if self.seconds is None else min(1.0, self.spent() / self.seconds)
 
-    def exhausted(self) -> bool:
-        return self.seconds is not None and self.spent() >= self.seconds
-
 
 def budget_spent(max_minutes: float, last_line: dict, steps_per_epoch: int) -> str:
     """The line a run stopped by its budget logs."""

@@ -180,10 +180,10 @@ class Trainer(TrainingStep):
         result = TrainResult(self.run_dir)
         epochs = self.config.train.epochs
         loader = self._make_loader()
-        if self.epoch >= epochs or self.budget.exhausted():
-            self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
         self.budget.start()
         self.budget_spent = self.budget.progress()
+        if self.epoch >= epochs or self.out_of_time:
+            self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
         with stop_on_signals() as received:
             while self.epoch < epochs and not self.out_of_time:
                 self._train_epoch(loader, received)

@@ -66,3 +66,28 @@ def test_all_pairs_into_a_closed_pipe_is_quiet(tmp_path):
         result = run_to(closed, "search", tmp_path / "ix", "--all-pairs", "--threshold", "-1", "--out", "-")
     assert "Traceback" not in result.stderr and "Broken pipe" not in result.stderr, result.stderr
     assert "Error" not in result.stderr and result.returncode == 141
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_large_write_cut_by_the_reader_is_not_dropped_silently(unbuffered):
+    """Attack round 8: with PYTHONUNBUFFERED=1, `search --json | head -c1` exited 0, the JSON past the
+    first 64 KB dropped without an error by the text layer over the raw file. The command line's
+    stdout writes all of a large write or raises, so the closed pipe is seen (exit 141)."""
+    child = (
+        "import sys\n"
+        "from receipt_embed.cli import _whole_writes\n"
+        "out = _whole_writes(sys.stdout)\n"
+        "try:\n"
+        "    out.write('x' * 300_000); out.flush()\n"
+        "    print('all written', file=sys.stderr)\n"
+        "except BrokenPipeError:\n"
+        "    print('broken pipe', file=sys.stderr)\n"
+    )
+    reader, writer = os.pipe()
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    process = subprocess.Popen([sys.executable, "-c", child], stdout=writer, stderr=subprocess.PIPE, env=env, text=True)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        assert len(pipe.read(1)) == 1  # the child's write is under way and fills the pipe
+    _, stderr = process.communicate(timeout=60)
+    assert stderr.strip() == "broken pipe", stderr

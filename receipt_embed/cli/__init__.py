@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import io
 import os
 import sys
 import warnings
@@ -82,6 +83,20 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+def _whole_writes(stream):
+    """``stream``, or where it is a text layer straight over the raw file (``PYTHONUNBUFFERED=1``,
+    ``python -u``), the same file behind a buffered layer: the raw layer takes the first 64 KB of a
+    large write into a pipe whose reader has closed it, and the text layer drops the rest without an
+    error, so ``search --json | head -c1`` exited 0 with the output cut; a buffered layer writes all
+    of it or raises. Line buffering keeps the unbuffered mode's promptness."""
+    raw = getattr(stream, "buffer", None)
+    if not isinstance(raw, io.RawIOBase):
+        return stream
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True
+    )
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported on first use."""
 
@@ -89,7 +104,7 @@ class LazyGroup(click.Group):
         """Run the command; a failed write to standard output, also when it is flushed at exit, is one
         line and exit code 2, never a traceback."""
         if sys.stdout is not None and not isinstance(sys.stdout, _GuardedStdout):
-            sys.stdout = _GuardedStdout(sys.stdout)
+            sys.stdout = _GuardedStdout(_whole_writes(sys.stdout))
         from receipt_embed.stops import StoppedBySignal, signal_name, signals_stop_the_command
 
         try:

@@ -92,9 +92,7 @@ def _whole_writes(stream):
     raw = getattr(stream, "buffer", None)
     if not isinstance(raw, io.RawIOBase):
         return stream
-    return io.TextIOWrapper(
-        io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True
-    )
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True)
 
 
 class LazyGroup(click.Group):

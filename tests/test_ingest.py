@@ -368,3 +368,19 @@ def test_a_manifest_with_huge_headers_is_refused_at_once(tmp_path):
     (ragged / "manifest.csv").write_text(",".join(f"c{i}" for i in range(500)) + "\na,b\n")
     with pytest.raises(ManifestError, match=r"expected 500 fields \(c0, .*, c19, \.\.\. \(480 more\)\), found 2"):
         ingest(ragged, tmp_path / "out", load_config().ingest)
+
+
+def test_receipt_ids_that_differ_only_in_unicode_normalisation_are_said(tmp_path):
+    """Attack round 8: "café" written as one code point and as "e" plus a combining accent were two
+    receipts without a word. They stay two (ingest does not rewrite ids), and a warning names both."""
+    for seed, name in enumerate(["a.jpg", "b.jpg", "c.jpg", "d.jpg"]):
+        (tmp_path / name).write_bytes(_jpeg(seed))
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    manifest = _write_csv(tmp_path, [f"a.jpg,{composed},d", f"b.jpg,{decomposed},d", "c.jpg,r2,d", "d.jpg,R2,d"])
+    result = ingest(manifest, tmp_path / "out", _settings())
+    assert sorted({row["receipt_id"] for row in result.rows}) == sorted([composed, decomposed, "r2", "R2"])
+    lookalikes = [w for w in result.warnings() if "Unicode normalisation" in w]
+    assert lookalikes == [
+        f"receipt_ids {decomposed!r} (5 code points) and {composed!r} (4 code points) differ only in Unicode "
+        "normalisation (NFC/NFD): they are kept as different receipts; write each the same way if it is one receipt"
+    ], "case is a real difference (r2, R2) and is not warned about"

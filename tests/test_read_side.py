@@ -8,6 +8,7 @@ hang, the CLI runs in a subprocess with a timeout.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -385,3 +386,19 @@ def test_a_last_checkpoint_that_is_a_symlink_is_not_resumed_from(trained, tmp_pa
         "wrote; copy the file in its place if it is the one to continue from"
     )
     assert last.is_symlink() and elsewhere.stat().st_size > 0, "nothing is replaced"
+
+
+def test_the_own_input_check_reads_a_large_ingest_report(trained, tmp_path):
+    """Attack round 8: the report lists every rejected row (150 MB for a million), but this check
+    read it only up to 16 MB, so a dataset with a large report lost its source folder from the
+    inputs an `--out` must not be inside."""
+    from receipt_embed.training.rundir import dataset_sources
+
+    data = tmp_path / "ds"
+    shutil.copytree(trained[0], data)
+    report = json.loads((data / "ingest_report.json").read_text())
+    report["rejected"] = [{"line": n, "reason": "repeated_row", "detail": "x" * 200} for n in range(100_000)]
+    (data / "ingest_report.json").write_text(json.dumps(report))
+    assert (data / "ingest_report.json").stat().st_size > 20 * 1024 * 1024
+    source = Path(report["source"])
+    assert (source.parent if source.suffix in (".csv", ".jsonl") else source) in dataset_sources(data)

@@ -36,6 +36,29 @@ MANIFEST_FILE = "manifest.jsonl"
 REPORT_FILE = "ingest_report.json"
 
 
+def _lookalike_receipt_ids(receipt_ids) -> list[str]:
+    """Receipt ids that differ only in Unicode normalisation ("é" as one code point or as "e" and a
+    combining accent: one text to a reader, two receipts to ingest), which a manifest joined from
+    two systems can hold; the ids are kept apart as written, and said."""
+    import unicodedata
+
+    spellings: dict[str, set[str]] = {}
+    for receipt_id in receipt_ids:
+        spellings.setdefault(unicodedata.normalize("NFC", receipt_id), set()).add(receipt_id)
+    groups = [
+        " and ".join(f"{s!r} ({len(s)} code points)" for s in sorted(group))
+        for group in spellings.values()
+        if len(group) > 1
+    ]
+    if not groups:
+        return []
+    more = f" (and {len(groups) - 3} more such groups)" if len(groups) > 3 else ""
+    return [
+        f"receipt_ids {'; '.join(groups[:3])}{more} differ only in Unicode normalisation (NFC/NFD): "
+        "they are kept as different receipts; write each the same way if it is one receipt"
+    ]
+
+
 @dataclass
 class IngestResult:
     out_dir: Path
@@ -52,6 +75,7 @@ class IngestResult:
             for split, counts in self.report["per_split"].items():
                 if counts["identities"] == 0:
                     found.append(f"the {split} split has no identities (too few receipts for the split ratios?)")
+        found.extend(_lookalike_receipt_ids(row["receipt_id"] for row in self.rows))
         return found
 
     def summary(self) -> str:
@@ -185,7 +209,7 @@ def _checked_rows(manifest_path: Path, root: Path, settings: IngestConfig, progr
     check_reserved_columns(manifest_path, columns)
 
     rejected: list[dict] = []
-    candidates = validate_rows(rows, root, settings, rejected)
+    candidates = validate_rows(rows, root, settings, rejected, progress)
     checked = check_files(candidates, settings, rejected, progress)
     kept, duplicates = resolve_duplicates(checked, merge=settings.merge_duplicates)
     assignment = assign_splits(

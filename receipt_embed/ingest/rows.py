@@ -12,6 +12,8 @@ import math
 import re
 from pathlib import Path
 
+from tqdm import tqdm
+
 from receipt_embed.config import IngestConfig
 from receipt_embed.ingest.manifest import (
     REQUIRED_COLUMNS,
@@ -66,10 +68,13 @@ def _invalid_value(fields: dict) -> str | None:
     return None
 
 
-def validate_rows(rows: list[ManifestRow], root: Path, settings: IngestConfig, rejected: list) -> list[dict]:
-    """Field and path checks that need no file access; returns candidate rows."""
+def validate_rows(
+    rows: list[ManifestRow], root: Path, settings: IngestConfig, rejected: list, progress: bool = False
+) -> list[dict]:
+    """Field and path checks that need no file access; returns candidate rows. They resolve every
+    path, about 0.1 ms a row: a million-row manifest shows a bar for it."""
     candidates, seen = [], {}
-    for row in rows:
+    for row in tqdm(rows, desc="checking rows", unit="row", disable=not progress):
         fields = {k: _as_text(v) for k, v in row.fields.items()}
         missing = [c for c in REQUIRED_COLUMNS if row.fields.get(c) is None]
         empty = [c for c in REQUIRED_COLUMNS if c not in missing and not fields[c]]

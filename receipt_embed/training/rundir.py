@@ -124,14 +124,16 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
 def dataset_sources(data_dir: str | os.PathLike) -> list[Path]:
     """What reading dataset ``data_dir`` reads: the dir, its ingest source folder and its captures."""
 
+    from receipt_embed.fileio import MAX_JSONL_BYTES
     from receipt_embed.userfiles import read_regular_text
 
     data_dir = Path(data_dir)
     sources = [data_dir]
-    # only regular files, capped: a FIFO or a device here must not hang or flood this check
+    # only regular files, capped: a FIFO or a device here must not hang or flood this check; the
+    # report lists every rejected row, so it is capped as the manifest is, not as a small record
     # (loading the dataset afterwards names such a file as the error)
     try:
-        report = parse_json(read_regular_text(data_dir / "ingest_report.json", 16 * 1024 * 1024))
+        report = parse_json(read_regular_text(data_dir / "ingest_report.json", MAX_JSONL_BYTES))
         source = Path(report["source"]) if isinstance(report, dict) and isinstance(report.get("source"), str) else None
     except (OSError, ValueError, KeyError):
         source = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 from typing import BinaryIO
 
 from receipt_embed.errors import BadInput
@@ -69,12 +70,24 @@ def _refuse_os_error(path, exc: OSError) -> UnusableFile:
     return UnusableFile("unreadable", path, f"cannot be read ({exc.strerror or exc})")
 
 
+def unnameable(exc: ValueError) -> str:
+    """Why the OS was never asked about a path (``ValueError`` from ``os.stat``, ``open``,
+    ``Path.resolve``): a NUL byte, or a character the file system encoding cannot write (a C
+    locale with UTF-8 mode turned off, ``PYTHONUTF8=0``, makes it ASCII)."""
+    if isinstance(exc, UnicodeEncodeError):
+        return (
+            f"contains a character this system's file name encoding ({sys.getfilesystemencoding()}) cannot "
+            "write: run with a UTF-8 locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1"
+        )
+    return "contains a NUL byte"
+
+
 def check_regular(path: str | os.PathLike) -> os.stat_result:
     """``stat`` a path (following symlinks) and refuse anything but a regular file."""
     try:
         info = os.stat(path)
-    except ValueError:  # an embedded NUL byte
-        raise UnusableFile("unresolvable_path", repr(str(path)), "path contains a NUL byte") from None
+    except ValueError as exc:  # an embedded NUL byte, a name the file system encoding cannot write
+        raise UnusableFile("unresolvable_path", repr(str(path)), f"path {unnameable(exc)}") from None
     except OSError as exc:
         raise _refuse_os_error(path, exc) from None
     kind = _kind(info.st_mode)
@@ -95,8 +108,8 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = DEFAULT_MAX_BY
     check_regular(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except ValueError:
-        raise UnusableFile("unresolvable_path", repr(str(path)), "path contains a NUL byte") from None
+    except ValueError as exc:
+        raise UnusableFile("unresolvable_path", repr(str(path)), f"path {unnameable(exc)}") from None
     except OSError as exc:
         raise _refuse_os_error(path, exc) from None
     try:

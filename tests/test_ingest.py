@@ -384,3 +384,21 @@ def test_receipt_ids_that_differ_only_in_unicode_normalisation_are_said(tmp_path
         f"receipt_ids {decomposed!r} (5 code points) and {composed!r} (4 code points) differ only in Unicode "
         "normalisation (NFC/NFD): they are kept as different receipts; write each the same way if it is one receipt"
     ], "case is a real difference (r2, R2) and is not warned about"
+
+
+def test_a_name_the_file_system_encoding_cannot_write_is_not_called_a_nul_byte(cli, tmp_path):
+    """Attack round 8: under LC_ALL=C with UTF-8 mode off, a capture named "ré.jpg" that exists was
+    rejected as a path holding a NUL byte. The reason now says what is wrong and how to run instead."""
+    (tmp_path / "r\u00e9.jpg").write_bytes(_jpeg(0))
+    (tmp_path / "b.jpg").write_bytes(_jpeg(1))
+    _write_csv(tmp_path, ["r\u00e9.jpg,r0,a", "b.jpg,r0,b"])
+    ascii_only = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
+    result = cli("ingest", tmp_path, "--out", tmp_path / "out", "-q", env=ascii_only)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "rejected: line 2: path 'r\u00e9.jpg' contains a character this system's file name encoding (ascii) "
+        "cannot write: run with a UTF-8 locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1 [unresolvable_path]"
+    ) in result.stderr
+    assert "NUL" not in result.stderr
+    utf8 = cli("ingest", tmp_path, "--out", tmp_path / "out2", "-q", env={"LC_ALL": "C.UTF-8"})
+    assert utf8.returncode == 0 and "accepted 2, rejected 0" in utf8.stdout, utf8.stdout + utf8.stderr

@@ -24,8 +24,10 @@ class ExistingPath(click.Path):
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 self.fail(f"{os.fsdecode(value)!r}: too many levels of symbolic links (a symlink loop)", param, ctx)
-        except ValueError:
-            self.fail(f"{value!r}: the path contains a NUL byte", param, ctx)
+        except ValueError as exc:
+            from receipt_embed.userfiles import unnameable
+
+            self.fail(f"{value!r}: the path {unnameable(exc)}", param, ctx)
         converted = super().convert(value, param, ctx)
         if not self.file_okay and not os.path.isdir(converted):  # click lets a FIFO or device through
             self.fail(f"{os.fsdecode(value)} is not a folder", param, ctx)

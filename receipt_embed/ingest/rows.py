@@ -20,12 +20,13 @@ from receipt_embed.ingest.manifest import (
     ManifestRow,
 )
 from receipt_embed.ingest.splits import SPLITS
+from receipt_embed.userfiles import unnameable
 
 
 def _unresolvable(exc: Exception) -> str:
     """Why ``Path.resolve`` failed, in words."""
     if isinstance(exc, ValueError):
-        return "contains a NUL byte"
+        return unnameable(exc)
     if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
         return "cannot be resolved: too many levels of symbolic links (a symlink loop?)"
     return f"cannot be resolved ({getattr(exc, 'strerror', None) or exc})"

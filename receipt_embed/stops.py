@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +24,8 @@ class StoppedBySignal(SystemExit):
 
 
 received: list[int] = []  # exit codes of the stop signals this process received while holding a lock
+_first_stop_at: list[float] = []  # when the first stop signal of this process arrived
+REPEAT_WINDOW_S = 1.0  # a stop signal this soon after the first is the same stop sent twice
 
 
 def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
@@ -36,7 +39,22 @@ def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
     return stop
 
 
+def is_repeat() -> bool:
+    """Whether a stop signal arriving now repeats one already being handled: ``timeout`` sends
+    SIGTERM to the command and then to its process group, so it lands twice. A repeat is ignored,
+    so the first stop's cleanup is not cut short and its line is printed once; a signal sent
+    later (a second Ctrl-C) stops at once as usual."""
+    now = time.monotonic()
+    if _first_stop_at and now - _first_stop_at[0] < REPEAT_WINDOW_S:
+        return True
+    if not _first_stop_at:
+        _first_stop_at.append(now)
+    return False
+
+
 def _raise_stop(signum, frame):
+    if is_repeat():
+        return
     received.append(128 + signum)
     raise StoppedBySignal(128 + signum)
 
@@ -60,6 +78,7 @@ def sigterm_unwinds() -> Iterator[None]:
     """SIGTERM raises SystemExit(143) in the main thread, so a writer stopped by it removes its lock
     and its staging dir on the way out (a handler installed inside, e.g. training's, takes precedence)."""
     received.clear()
+    _first_stop_at.clear()
     with _stopping_on((signal.SIGTERM,)):
         yield
 
@@ -70,6 +89,7 @@ def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
     stop outside any lock is the same one line and exit code as inside one, not click's "Aborted!"
     with exit 1 nor a silent death by the signal. The program itself keeps them to its end
     (``restore=False``); its exit path takes over in ``receipt_embed.cli.run``."""
+    _first_stop_at.clear()
     with _stopping_on((signal.SIGINT, signal.SIGTERM), restore):
         yield
 

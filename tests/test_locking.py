@@ -351,6 +351,31 @@ def test_a_signal_as_the_program_ends_is_never_a_silent_death():
         assert "exiting" not in out
 
 
+@pytest.mark.parametrize("first_stop_was_handled", [True, False])
+def test_a_stop_signal_sent_twice_is_said_once(first_stop_was_handled):
+    """Attack round 8: `timeout` sends SIGTERM to the command and then to its group; the first one
+    stopped the command with its line, the repeat reached the program's exit path and printed a
+    second "stopped by SIGTERM". A repeat within a second is the same stop: quiet, the same code."""
+    child = (
+        "import os, signal, time\n"
+        "from receipt_embed import stops\n"
+        "from receipt_embed.cli import _stop_at_once_on_signals\n"
+        f"if {first_stop_was_handled}: stops.is_repeat()  # the first SIGTERM, handled and said\n"
+        "_stop_at_once_on_signals()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(30)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 143
+    assert result.stderr == ("" if first_stop_was_handled else "stopped by SIGTERM\n"), result.stderr
+
+
 def test_a_held_locks_variable_is_trusted_only_from_the_holders_descendants(tmp_path):
     """Attack round 5: RECEIPT_EMBED_HELD_LOCKS naming a lock another live process held switched the
     lock off; it now counts only when that holder is an ancestor (a --nproc rank's launcher)."""

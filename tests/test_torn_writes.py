@@ -153,8 +153,11 @@ def _lock_named(path: Path) -> bool:
         return False
 
 
-def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
-    """SIGTERM mid-ingest exits 143 with the old dataset pair intact, and (F13) says so in one line."""
+@pytest.mark.parametrize("times", [1, 2])
+def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path, times):
+    """SIGTERM mid-ingest exits 143 with the old dataset pair intact, and (F13) says so in one line.
+    Attack round 8: `timeout` sends it twice (to the command, then to its group), which printed two
+    lines and could cut the cleanup short; a repeat within a second is the same stop."""
     from receipt_embed.ingest import ingest
 
     source = slow_source(tmp_path, 6)
@@ -170,7 +173,9 @@ def test_sigterm_during_ingest_leaves_the_old_pair(tmp_path):
         while not _lock_named(tmp_path / ".ds.lock") and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(delay)
-        child.send_signal(signal.SIGTERM)
+        for repeat in range(times):
+            time.sleep(0.05 * repeat)  # the repeat lands while the first stop unwinds
+            child.send_signal(signal.SIGTERM)
         _, err = child.communicate(timeout=60)
         if child.returncode == 0:  # finished before the signal: the new pair, complete
             report = json.loads((out / "ingest_report.json").read_text())

@@ -244,8 +244,11 @@ def _stop_at_once_on_signals() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
 
+    from receipt_embed.stops import is_repeat
+
     def stop(signum, frame):
-        os.write(2, f"stopped by {signal.Signals(signum).name}\n".encode())
+        if not is_repeat():  # the first stop has said so already
+            os.write(2, f"stopped by {signal.Signals(signum).name}\n".encode())
         os._exit(128 + signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -207,6 +207,30 @@ def _refuse_aliases(text: str, path: Path) -> None:
             depth -= 1
 
 
+def _refuse_repeated_keys(text: str, path: Path) -> None:
+    """A key given twice in one mapping (a second ``train:`` section further down, say) would
+    silently replace the first, and all the settings under it; refuse it, naming both lines.
+    Called after :func:`_refuse_aliases`, so the node graph is small and has no shared parts."""
+    pending = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    line = key.start_mark.line + 1
+                    if key.value in first_line:
+                        raise ConfigError(
+                            f"config file {path}, line {line}: key {shortened(key.value)!r} is given twice in one "
+                            f"mapping (first on line {first_line[key.value]}); the second would replace the first "
+                            "and everything under it: merge them"
+                        )
+                    first_line[key.value] = line
+                pending.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            pending.extend(node.value)
+
+
 def _load_yaml(path: Path) -> dict:
     """A YAML mapping from a regular file (a FIFO or device named by --config is refused, not read)."""
     from receipt_embed.userfiles import UnusableFile, read_regular_text
@@ -214,6 +238,7 @@ def _load_yaml(path: Path) -> dict:
     try:
         text = read_regular_text(path, MAX_CONFIG_BYTES)
         _refuse_aliases(text, path)
+        _refuse_repeated_keys(text, path)
         data = yaml.safe_load(text)
     except ConfigError:
         raise

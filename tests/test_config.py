@@ -172,3 +172,25 @@ def test_an_unknown_component_with_a_huge_name_is_shown_shortened():
 
     with pytest.raises(ComponentError, match=r"^unknown loss 'q{200}\.\.\. \(100000 characters\)'\. Available: "):
         builtin_registry().get("loss", "q" * 100_000)
+
+
+@pytest.mark.parametrize(
+    "text,line,key,first",
+    [
+        ("train:\n  epochs: 2\n  batch_size: 4\nloss:\n  name: supcon\ntrain:\n  seed: 7\n", 6, "train", 1),
+        ("train:\n  epochs: 2\n  epochs: 3\n", 3, "epochs", 2),
+        ("loss:\n  params: {margin: 1, margin: 2}\n", 2, "margin", 2),
+    ],
+)
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path, text, line, key, first):
+    """Attack round 9: a second `train:` section silently replaced the first and every setting in
+    it (epochs and batch_size back to the defaults, exit 0)."""
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert str(info.value) == (
+        f"config file {tmp_path / 'c.yaml'}, line {line}: key {key!r} is given twice in one mapping (first on "
+        f"line {first}); the second would replace the first and everything under it: merge them"
+    )
+    (tmp_path / "ok.yaml").write_text("train:\n  epochs: 2\nloss:\n  params: {epochs: 1}\n")
+    assert load_config(tmp_path / "ok.yaml").train.epochs == 2, "one key in different mappings is fine"

@@ -490,3 +490,14 @@ def test_harsh_devices_add_styles_and_leave_the_default_captures_as_they_were():
     for device in HARSH_DEVICES:
         capture = simulate_capture(scan, device, seed=11)
         assert capture.width == device.width and capture.height >= 1.25 * capture.width
+
+
+@pytest.mark.parametrize("count", ["100001", "99999999999", "1" + "0" * 300])
+def test_a_count_it_could_never_finish_is_refused_up_front(tmp_path, count):
+    """Attack round 9: `--receipts 99999999999` was accepted and rendered ten receipts a second
+    until killed (or until the disk filled)."""
+    result = CliRunner().invoke(main, ["make-samples", "--receipts", count, "--out", str(tmp_path / "set")])
+    assert result.exit_code == 2, result.output
+    assert "Error: Invalid value for --receipts: must be at most 100,000, got " in result.stderr
+    assert "make several sets for more" in result.stderr and len(result.stderr) < 600
+    assert not (tmp_path / "set").exists()

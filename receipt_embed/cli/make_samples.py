@@ -12,8 +12,10 @@ from tqdm import tqdm
 
 from receipt_embed import samples
 from receipt_embed.cli.options import ExistingPath, InputError
-from receipt_embed.display import printable
+from receipt_embed.display import printable, shortened
 from receipt_embed.errors import BadInput
+
+MAX_RECEIPTS = 100_000  # about three hours of rendering per device on two cores
 
 
 @click.command("make-samples")
@@ -91,6 +93,12 @@ def make_samples(
         receipts = len({scan.receipt_id for scan in scans})
     elif receipts < 1:
         raise click.BadParameter(f"must be at least 1, got {receipts}.", param_hint="--receipts")
+    elif receipts > MAX_RECEIPTS:  # a count that would render for days, then fill the disk
+        raise click.BadParameter(
+            f"must be at most {MAX_RECEIPTS:,}, got {shortened(str(receipts))} (each receipt takes about 0.1 s to "
+            "render and capture per device); make several sets for more",
+            param_hint="--receipts",
+        )
 
     started = time.perf_counter()
     try:

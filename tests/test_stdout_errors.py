@@ -91,3 +91,35 @@ def test_a_large_write_cut_by_the_reader_is_not_dropped_silently(unbuffered):
         assert len(pipe.read(1)) == 1  # the child's write is under way and fills the pipe
     _, stderr = process.communicate(timeout=60)
     assert stderr.strip() == "broken pipe", stderr
+
+
+def test_a_reader_of_the_messages_that_goes_away_stops_no_training(tmp_path):
+    """Attack round 9: `train ... 2>&1 | head -1` stopped the run after the epoch in which the pipe
+    closed (exit 1): its epoch lines go to standard error. The messages are lost, not the work: the
+    run trains every epoch and exits 141, as a writer whose reader went away."""
+    import torch
+    from conftest import TINY_TRAINING
+
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    sets = [item for key in [*TINY_TRAINING, "train.epochs=3"] for item in ("--set", key)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    command = [
+        sys.executable,
+        "-m",
+        "receipt_embed",
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        tmp_path / "run",
+        *sets,
+    ]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    assert child.stdout.readline()  # the first epoch's line
+    child.stdout.close()
+    assert child.wait(timeout=300) == 141
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert last["epoch"] == 3, "every epoch was trained"

@@ -95,6 +95,37 @@ def _whole_writes(stream):
     return io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True)
 
 
+class _QuietStderr:
+    """Standard error whose reader may go away (``2>&1 | head -1``): the messages are lost, the
+    work is not. A failed write sends the rest of them to /dev/null and the command carries on
+    (a training run to its end), exiting 141 like a writer whose reader closed its pipe."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        return self._quiet(self._stream.write, text, default=len(text))
+
+    def flush(self):
+        return self._quiet(self._stream.flush)
+
+    def _quiet(self, call, *args, default=None):
+        try:
+            return call(*args)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                global _reader_gone
+                _reader_gone = True
+            try:  # what is still buffered would fail again at every later write
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            except (OSError, ValueError):
+                pass
+            return default
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported on first use."""
 
@@ -103,6 +134,8 @@ class LazyGroup(click.Group):
         line and exit code 2, never a traceback."""
         if sys.stdout is not None and not isinstance(sys.stdout, _GuardedStdout):
             sys.stdout = _GuardedStdout(_whole_writes(sys.stdout))
+        if sys.stderr is not None and not isinstance(sys.stderr, _QuietStderr):
+            sys.stderr = _QuietStderr(sys.stderr)
         from receipt_embed.stops import StoppedBySignal, signal_name, signals_stop_the_command
 
         try:

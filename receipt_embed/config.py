@@ -114,7 +114,7 @@ class TrainConfig(_Section):
     epochs: PositiveInt
     max_minutes: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     batch_size: PositiveInt
-    seed: int
+    seed: int = Field(ge=0, lt=2**63)  # what numpy's and torch's seeding take
     lr: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
     warmup_epochs: float = Field(ge=0)
@@ -219,6 +219,12 @@ def _refuse_repeated_keys(text: str, path: Path) -> None:
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode):
                     line = key.start_mark.line + 1
+                    if key.tag != "tag:yaml.org,2002:str" and not key.style:  # YAML reads `on`, `~`, `0` as no name
+                        raise ConfigError(
+                            f"config file {path}, line {line}: key {shortened(key.value)!r} is not a name (YAML reads "
+                            "it as a number, a boolean or null); config keys are names: quote it if it is one, and "
+                            "give a list such as data.image_size whole ([96, 48])"
+                        )
                     if key.value in first_line:
                         raise ConfigError(
                             f"config file {path}, line {line}: key {shortened(key.value)!r} is given twice in one "
@@ -279,7 +285,12 @@ def _validate(layers: list) -> Config:
     try:
         merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot resolve the config: {str(exc).strip().splitlines()[0]}") from None
+        raise ConfigError(f"cannot resolve the config: {shortened(str(exc).strip().splitlines()[0])}") from None
+    except TypeError as exc:  # `--set data.image_size[0]=32`: a mapping merged into a list
+        raise ConfigError(
+            f"cannot merge the config: {shortened(str(exc).strip().splitlines()[0])}; a list such as "
+            'data.image_size is given whole (--set "data.image_size=[96,48]"), never one element'
+        ) from None
     try:
         return Config.model_validate(merged)
     except ValidationError as exc:

@@ -194,3 +194,32 @@ def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path, text, line, key
     )
     (tmp_path / "ok.yaml").write_text("train:\n  epochs: 2\nloss:\n  params: {epochs: 1}\n")
     assert load_config(tmp_path / "ok.yaml").train.epochs == 2, "one key in different mappings is fine"
+
+
+@pytest.mark.parametrize("text,key", [("train: {epochs: 2, null: 3}\n", "null"), ("~: 1\n", "~"), ("on: 5\n", "on"),
+                                      ("data: {image_size: {0: 32}}\n", "0")])  # fmt: skip
+def test_a_config_key_yaml_does_not_read_as_a_name_is_one_line(tmp_path, text, key):
+    """Attack round 10: a `null:` key in a config file was an internal error (exit 1); `on:` was
+    reported as a key `True` the file does not hold."""
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert str(info.value).startswith(f"config file {tmp_path / 'c.yaml'}, line 1: key {key!r} is not a name")
+    (tmp_path / "quoted.yaml").write_text("loss: {params: {'on': 1}}\n")
+    assert load_config(tmp_path / "quoted.yaml").loss.params == {"on": 1}, "a quoted key is a name"
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("data.image_size[0]=32", "cannot merge the config: Cannot merge incompatible container types; a list such"),
+        ("train.seed=-1", "config key 'train.seed': Input should be greater than or equal to 0 (got -1)"),
+        ("train.seed=99999999999999999999", "config key 'train.seed': Input should be less than 9223372036854775808"),
+    ],
+)
+def test_an_override_the_config_cannot_take_is_one_line(override, message):
+    """Attack round 10: `--set data.image_size[0]=32` and a seed numpy or torch cannot take
+    (-1, 2**64) were internal errors (exit 1) instead of config errors."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert str(info.value).startswith(message)

@@ -501,3 +501,29 @@ def test_a_count_it_could_never_finish_is_refused_up_front(tmp_path, count):
     assert "Error: Invalid value for --receipts: must be at most 100,000, got " in result.stderr
     assert "make several sets for more" in result.stderr and len(result.stderr) < 600
     assert not (tmp_path / "set").exists()
+
+
+@pytest.mark.parametrize("hostile", ["link_out", "fifo", "folder", "broken_link"])
+def test_a_scan_name_that_is_not_a_file_inside_the_folder_is_refused(tmp_path, hostile):
+    """Attack round 10: `make-samples --from-scans DIR` read a `DIR/evil.jpg` link to an image
+    outside DIR, and left out a FIFO or a folder named like a scan without a word; a scan listed
+    in receipts.jsonl was already refused so."""
+    import os
+
+    _write_scans(tmp_path / "scans")
+    outside = tmp_path / "secret.png"
+    render_receipt(make_receipt(9, 0)).save(outside)
+    evil = tmp_path / "scans" / "evil.jpg"
+    {
+        "link_out": lambda: evil.symlink_to(outside),
+        "fifo": lambda: os.mkfifo(evil),
+        "folder": lambda: evil.mkdir(),
+        "broken_link": lambda: evil.symlink_to(tmp_path / "gone.jpg"),
+    }[hostile]()
+    result = CliRunner().invoke(
+        main, ["make-samples", "--from-scans", str(tmp_path / "scans"), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2, result.output
+    what = "a link out of the folder" if hostile == "link_out" else "not a regular file"
+    assert f"'{evil}' is {what}: a scan must be a file inside '{tmp_path / 'scans'}'" in result.stderr
+    assert not (tmp_path / "o").exists()

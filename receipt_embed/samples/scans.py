@@ -49,9 +49,27 @@ def read_scans(folder: str | Path) -> list[Scan]:
     if listing.exists() or listing.is_symlink():
         scans = _listed_scans(folder, listing)
     else:
-        paths = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SCAN_SUFFIXES)
-        scans = [Scan(p, p.stem, p.stem) for p in paths]
+        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in SCAN_SUFFIXES)
+        scans = [Scan(p, p.stem, p.stem) for p in paths if _scan_inside(p, folder)]
     return same_receipt_for_identical_bytes(scans)
+
+
+def _scan_inside(path: Path, folder: Path) -> bool:
+    """True for a regular file inside ``folder``; anything else with a scan's name (a link out of
+    the folder, a FIFO, a device, a folder, a broken link) is refused by name, as a listed scan is,
+    rather than read or silently left out."""
+    try:
+        inside = path.resolve().is_relative_to(folder.resolve())
+        regular = path.is_file()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name the OS cannot take
+        inside = regular = False
+    if inside and regular:
+        return True
+    what = "a link out of the folder" if regular else "not a regular file"
+    raise BadInput(
+        f"{quoted(shortened(str(path)))} is {what}: a scan must be a file inside {quoted(str(folder))} "
+        "(move it out, or list the scans in receipts.jsonl)"
+    )
 
 
 def scans_of_paths(paths) -> list[Scan]:

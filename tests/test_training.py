@@ -456,3 +456,25 @@ def test_a_val_split_without_a_receipt_captured_twice_trains_and_keeps_the_last_
     train(config, tmp_path / "ds", tmp_path / "run", builtin_registry(), progress=False, log=logged.append)
     assert sum("val recall@1 backbone n/a (no val receipt has two captures)" in m for m in logged) == 2, logged
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["epoch"] == 2
+
+
+@pytest.mark.parametrize(
+    "loss,sampler_stats",
+    [
+        ("supcon", {"tail_dropped": 0, "tail_filled": 0, "extra_views": 0}),  # pk: 3 captures of each receipt
+        ("ntxent", {"tail_dropped": 0, "tail_filled": 0, "same_capture_pairs": 0}),  # unique_identity
+        ("moco", {"tail_dropped": 0, "tail_filled": 0, "same_capture_pairs": 0}),
+    ],
+)
+def test_sampler_auto_picks_the_layout_the_loss_needs(dataset, tmp_path, loss, sampler_stats):
+    """`sampler.name: auto` is P x K batches for a multi-positive loss and two views of each receipt
+    for a two-view one, so `--set loss.name=ntxent` over the supcon defaults just works."""
+    own = ["loss.params={dim: 32}"] if loss == "moco" else []  # its queue is as wide as the head
+    config = load_config(overrides=[*TINY, "train.epochs=1", f"loss.name={loss}", "sampler.name=auto", *own])
+    train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["sampler"] == sampler_stats
+    views = 8 * (3 if loss == "supcon" else 2)
+    assert line["steps"] == math.ceil(48 / 8) and line["views_per_s"] * line["train_seconds"] == pytest.approx(
+        views * line["steps"], rel=1e-6
+    )

@@ -129,8 +129,11 @@ class ContrastiveLoss(nn.Module):
     """Base of the losses here: temperature, engine settings and ``last_stats``.
 
     ``last_stats`` is replaced after every call with plain numbers (anchors, masked pairs,
-    engine path) so a training loop can log them.
+    engine path) so a training loop can log them. ``batch_layout`` is the layout of rows the loss
+    needs (see ``receipt_embed.batch_layout``); ``sampler.name: auto`` picks a sampler by it.
     """
+
+    batch_layout = "two_view"
 
     def __init__(self, temperature: float = 0.1, tile_size: int = DEFAULT_TILE, path: str = "auto"):
         super().__init__()

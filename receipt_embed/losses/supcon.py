@@ -47,6 +47,8 @@ class SupConLoss(ContrastiveLoss):
         >>> loss = loss_fn(feats, receipt_ids)
     """
 
+    batch_layout = "any"  # rows in any order: P identities x K captures
+
     def __init__(self, temperature: float = 0.1, tile_size: int = DEFAULT_TILE, path: str = "auto"):
         super().__init__(temperature, tile_size, path)
 

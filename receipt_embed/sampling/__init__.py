@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import inspect
 
+from receipt_embed.batch_layout import ANY, TWO_VIEW
+
+AUTO = "auto"  # sampler.name that picks the sampler for the loss
+
+
+def sampler_for_loss(loss) -> str:
+    """The sampler ``sampler.name: auto`` stands for: P receipts x K captures (``pk``) for a loss
+    that takes rows in any order (multi-positive, e.g. ``supcon``: every capture of a receipt in
+    the batch is a positive), two views of each receipt (``unique_identity``) for any other loss,
+    a plugin's loss that declares no ``batch_layout`` included."""
+    return "pk" if getattr(loss, "batch_layout", TWO_VIEW) == ANY else "unique_identity"
+
 
 def wants_metadata(factory) -> bool:
     """Whether a sampler factory declares a ``metadata`` parameter (the manifest rows)."""

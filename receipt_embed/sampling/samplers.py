@@ -117,7 +117,7 @@ class PKSampler(_IdentityBatches):
 
     batch_layout = ANY
 
-    def __init__(self, labels: Sequence[int], batch_size: int, seed: int, k: int = 4, tail: str = "fill"):
+    def __init__(self, labels: Sequence[int], batch_size: int, seed: int, k: int = 3, tail: str = "fill"):
         super().__init__(labels, batch_size, seed, tail)
         if k < 2:
             raise BadInput(f"k must be at least 2 views per identity, got {k}")

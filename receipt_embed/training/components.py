@@ -16,7 +16,7 @@ from receipt_embed.data.views import SeededBatches, ViewDataset
 from receipt_embed.display import quoted
 from receipt_embed.kinds import KINDS
 from receipt_embed.registry import ComponentError, plugin_errors
-from receipt_embed.sampling import build_sampler
+from receipt_embed.sampling import AUTO, build_sampler, sampler_for_loss
 
 
 def check_built(registry, kind: str, name: str, built) -> None:
@@ -36,9 +36,10 @@ def build_loss(config: Config, registry) -> torch.nn.Module:
     return loss
 
 
-def build_batches(config: Config, registry, train_set, log) -> tuple[object, SeededBatches]:
+def build_batches(config: Config, registry, train_set, log, loss=None) -> tuple[object, SeededBatches]:
     """The sampler plugin over the training identities, and its batches of (capture, view seed).
-    A batch size above the identity count is lowered to it, with a line saying so."""
+    A batch size above the identity count is lowered to it, with a line saying so;
+    ``sampler.name: auto`` is the sampler that suits ``loss``."""
     train_cfg = config.train
     batch_size = min(train_cfg.batch_size, len(train_set.identities))
     if batch_size < train_cfg.batch_size:
@@ -46,6 +47,8 @@ def build_batches(config: Config, registry, train_set, log) -> tuple[object, See
             f"train.batch_size {train_cfg.batch_size} > {len(train_set.identities)} training identities; using {batch_size}"
         )
     name = config.sampler.name
+    if name == AUTO:
+        name = sampler_for_loss(loss)
     sampler = build_sampler(
         registry, name, train_set.labels, train_set.rows, batch_size, train_cfg.seed, config.sampler.params
     )
@@ -109,7 +112,7 @@ def build_components(
 
     model = build_model(config, registry, from_checkpoint=from_checkpoint)
     loss = build_loss(config, registry)
-    sampler, batches = build_batches(config, registry, train_set, log)
+    sampler, batches = build_batches(config, registry, train_set, log, loss)
     if ctx.distributed:
         check_batch_splits(min(config.train.batch_size, len(train_set.identities)), ctx.world_size)
     views = build_views(config, registry, train_set, train_cache)

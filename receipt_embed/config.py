@@ -111,7 +111,7 @@ class SamplerConfig(_Section):
 
 
 class TrainConfig(_Section):
-    epochs: PositiveInt
+    epochs: PositiveInt | Literal["auto"]
     max_minutes: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     batch_size: PositiveInt
     seed: int = Field(ge=0, lt=2**63)  # what numpy's and torch's seeding take

@@ -271,7 +271,7 @@ def test_schedule_replans_when_resumed_with_more_epochs():
         param = torch.nn.Parameter(torch.zeros(1))
         optimizer = torch.optim.AdamW([param], lr=1.0)
         scheduler = _scheduler(
-            optimizer, 10, load_config(overrides=[f"train.epochs={epochs}", "train.warmup_epochs=1"])
+            optimizer, 10, epochs, load_config(overrides=[f"train.epochs={epochs}", "train.warmup_epochs=1"])
         )
         if start_state is not None:
             optimizer.load_state_dict(start_state[0])
@@ -375,7 +375,7 @@ def test_the_schedule_runs_over_the_time_budget_when_that_ends_first():
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.AdamW([param], lr=1.0)
     config = load_config(overrides=["train.epochs=10", "train.warmup_epochs=0", "train.max_minutes=1"])
-    scheduler = lr_schedule(optimizer, 10, config, lambda: spent["share"])
+    scheduler = lr_schedule(optimizer, 10, config.train.epochs, config, lambda: spent["share"])
     rates = []
     for share in (0.0, 0.5, 0.5, 0.999, 1.0):
         spent["share"] = share
@@ -478,3 +478,19 @@ def test_sampler_auto_picks_the_layout_the_loss_needs(dataset, tmp_path, loss, s
     assert line["steps"] == math.ceil(48 / 8) and line["views_per_s"] * line["train_seconds"] == pytest.approx(
         views * line["steps"], rel=1e-6
     )
+
+
+def test_auto_epochs_show_the_model_about_thirty_thousand_views(dataset, tmp_path):
+    """`train.epochs: auto` scales the run to the dataset: about 30,000 augmented views, so the 48
+    receipts of data_samples/ get many short epochs and a large dataset a few long ones."""
+    from receipt_embed.training.schedule import AUTO_VIEWS, planned_epochs
+    from receipt_embed.training.trainer import Trainer
+
+    assert AUTO_VIEWS == 30_000
+    assert planned_epochs(7, 2, 96) == 7, "a number is kept"
+    assert planned_epochs("auto", 7, 96) == 45  # 214 receipts in batches of 32 x 3 views: 672 views an epoch
+    assert planned_epochs("auto", 157, 96) == 2 and planned_epochs("auto", 400, 96) == 1
+    config = load_config(overrides=[*TINY, "train.epochs=auto", "loss.name=supcon", "sampler.name=auto"])
+    trainer = Trainer(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
+    assert (trainer.steps_per_epoch, trainer.epochs) == (6, math.ceil(30_000 / (6 * 8 * 3)))
+    assert trainer.scheduler.lr_lambdas[0](6 * trainer.epochs) == pytest.approx(0.0, abs=1e-12), "annealed at the end"

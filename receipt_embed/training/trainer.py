@@ -41,7 +41,7 @@ from receipt_embed.training.hooks import call_epoch_hooks
 from receipt_embed.training.metrics import describe_epoch, epoch_line, fresh_sums
 from receipt_embed.training.resume import check_same_dataset, dataset_record, open_run
 from receipt_embed.training.rundir import BEST, CONFIG_FILE, DATA_FILE, LAST, METRICS_FILE
-from receipt_embed.training.schedule import lr_schedule
+from receipt_embed.training.schedule import AUTO_VIEWS, lr_schedule, planned_epochs
 from receipt_embed.training.signals import stop_on_signals
 from receipt_embed.training.state import restore_state, run_state
 from receipt_embed.training.step import TrainingDiverged, TrainingStep
@@ -93,11 +93,17 @@ class Trainer(TrainingStep):
         self._load_data(data_dir, resume)
         self._build_components()
         params = list(self.model.parameters()) + list(self.loss_fn.parameters())
-        self.optimizer = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
+        # fused: one kernel for all parameters, 3x faster than the per-tensor loop on CPU (profile_step.py)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.train.lr, weight_decay=config.train.weight_decay, fused=True
+        )
         self.steps_per_epoch = len(self.sampler)
+        with self.batches.guard():  # batches depend only on (seed, epoch): looking at one changes nothing
+            views_per_step = len(next(iter(self.sampler), []))
+        self.epochs = planned_epochs(config.train.epochs, self.steps_per_epoch, views_per_step)
         self.budget, self.budget_spent = TimeBudget(config.train.max_minutes), 0.0
         time_spent = (lambda: self.budget_spent) if config.train.max_minutes is not None else None
-        self.scheduler = lr_schedule(self.optimizer, self.steps_per_epoch, config, time_spent)
+        self.scheduler = lr_schedule(self.optimizer, self.steps_per_epoch, self.epochs, config, time_spent)
         self.epoch, self.step, self.sums, self.best = 0, 0, fresh_sums(), None
         if self.state is not None:
             self._restore(self.state)
@@ -178,10 +184,12 @@ class Trainer(TrainingStep):
                 atomic_write_json(self.run_dir / DATA_FILE, self.data_record)
                 (self.run_dir / METRICS_FILE).unlink(missing_ok=True)
         result = TrainResult(self.run_dir)
-        epochs = self.config.train.epochs
+        epochs = self.epochs
         loader = self._make_loader()
         self.budget.start()
         self.budget_spent = self.budget.progress()
+        if self.config.train.epochs == "auto" and self.ctx.is_main and self.epoch == 0 and self.step == 0:
+            self.log(f"train.epochs auto: {epochs} epochs of {self.steps_per_epoch} steps, about {AUTO_VIEWS:,} views")
         if self.epoch >= epochs or self.out_of_time:
             self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
         with stop_on_signals() as received:
@@ -212,7 +220,7 @@ class Trainer(TrainingStep):
         bar = tqdm(
             total=self.steps_per_epoch,
             initial=self.step,
-            desc=f"epoch {self.epoch + 1}/{self.config.train.epochs}",
+            desc=f"epoch {self.epoch + 1}/{self.epochs}",
             unit="step",
             disable=not self.progress,
             leave=False,
@@ -282,7 +290,7 @@ class Trainer(TrainingStep):
             self.best = {"epoch": line["epoch"], "recall_at_1": selected}
         state = self._state()
         self._save_last(state)
-        last_epoch = self.epoch == self.config.train.epochs or self.out_of_time
+        last_epoch = self.epoch == self.epochs or self.out_of_time
         if improved or (selected is None and last_epoch):  # no val figure to choose by: the last epoch
             save_checkpoint(self.run_dir / BEST, state)
 

@@ -111,7 +111,7 @@ class SamplerConfig(_Section):
 
 
 class TrainConfig(_Section):
-    epochs: PositiveInt | Literal["auto"]
+    epochs: int | str  # a positive number, or "auto" (training.schedule.planned_epochs)
     max_minutes: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     batch_size: PositiveInt
     seed: int = Field(ge=0, lt=2**63)  # what numpy's and torch's seeding take
@@ -127,6 +127,13 @@ class TrainConfig(_Section):
     bn_recalibrate: int = Field(ge=0)
     select_on: Literal["backbone", "head"]
     momentum: float = Field(ge=0, le=1)
+
+    @field_validator("epochs", mode="before")
+    @classmethod
+    def _epochs(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise BadInput(f"a positive whole number of epochs, or auto, got {shortened(repr(value), 60)}")
 
 
 class PluginsConfig(_Section):

@@ -135,7 +135,7 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
     import json
 
     line = json.loads(lines[0])
-    assert line["world_size"] == 2 and line["loss_stats"]["anchors"] == 16  # the global batch: 8 receipts x 2 views
+    assert line["world_size"] == 2 and line["loss_stats"]["anchors"] == 24  # the global batch: 8 receipts x 3 captures
     assert line["global_unique_identities_per_step"] == 8
     assert "recall_at_1" in line["val"]["head"]
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)

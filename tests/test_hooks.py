@@ -85,7 +85,7 @@ def test_on_epoch_end_sees_each_epoch_after_its_checkpoint(tmp_path, dataset):
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [c["epoch"] for c in calls] == [1, 2]
     assert [c["metrics"] for c in calls] == logged  # the same line metrics.jsonl received
-    assert all(c["last_saved"] and not c["training"] and c["loss"] == "ntxent" for c in calls)
+    assert all(c["last_saved"] and not c["training"] and c["loss"] == "supcon" for c in calls)
     assert calls[0]["run_dir"] == str(run)
     assert registry.plugin_manager.get_plugin("only_epoch").CALLS == [1, 2]
     # the failing tracker did not stop training

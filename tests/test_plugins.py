@@ -848,7 +848,7 @@ def register_samplers(register):
         ),
         (
             "loss.params={temperature: 0.5}",
-            r"loss.params sets 'temperature', which receipt-embed passes to loss 'ntxent' itself; "
+            r"loss.params sets 'temperature', which receipt-embed passes to loss 'supcon' itself; "
             r"remove it from loss.params \(temperature comes from loss.temperature\)",
         ),
     ],

@@ -55,7 +55,7 @@ def test_run_dir_contents(dataset, tmp_path):
     assert [line["epoch"] for line in lines] == [1, 2]
     line = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert line["steps"] == 6 and line["views_per_s"] > 0 and line["lr"] > 0
-    assert line["sampler"] == {"tail_dropped": 0, "tail_filled": 0, "same_capture_pairs": 0}
+    assert line["sampler"] == {"tail_dropped": 0, "tail_filled": 0, "extra_views": 0}  # pk: 3 captures of each
     for features in ("backbone", "head"):
         assert 0.0 <= line["val"][features]["recall_at_1"] <= line["val"][features]["recall_at_5"] <= 1.0
         diag = line["val"]["diagnostics"][features]
@@ -245,7 +245,7 @@ def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
     assert [run["value"] for run in summary["runs"]] == ["0.1", "0.3"]
     for run in summary["runs"]:
         line = json.loads(Path(run["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
-        assert run["best_recall_at_1"] == line["val"]["head"]["recall_at_1"]
+        assert run["best_recall_at_1"] == line["val"]["backbone"]["recall_at_1"]  # train.select_on
         assert load_config(Path(run["run_dir"]) / "config.yaml").loss.temperature == float(run["value"])
     assert summary["best"]["best_recall_at_1"] == max(r["best_recall_at_1"] for r in summary["runs"])
     assert "<- selected" in result.stdout and "losses at different values are not compared" in result.stdout

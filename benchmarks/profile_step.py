@@ -16,16 +16,13 @@ import argparse
 import json
 import tempfile
 import time
-from pathlib import Path
 
 import torch
+from training import benchmark_trainer  # benchmarks/training.py, beside this script
 
 from receipt_embed.config import load_config
-from receipt_embed.ingest import ingest
-from receipt_embed.plugin_manager import PluginLoader
 from receipt_embed.training.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[1]
 PHASES = ("views", "forward", "loss", "backward", "optimizer")
 
 
@@ -66,15 +63,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="operators to list")
     args = parser.parse_args()
     config = load_config(overrides=args.overrides)
-    loader = PluginLoader()
-    loader.load_builtins()
-    loader.collect_components()
     with tempfile.TemporaryDirectory() as tmp:
-        data = args.data
-        if data is None:
-            data = Path(tmp) / "dataset"
-            ingest(REPO / "data_samples", data, config.ingest)
-        trainer = Trainer(config, data, Path(tmp) / "run", loader.registry, progress=False, log=lambda m: None)
+        trainer = benchmark_trainer(config, args.data, tmp)
         batch_views = len(next(iter(trainer._make_loader()))[0])
         phases = _timed_steps(trainer, args.steps)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:

@@ -46,6 +46,18 @@ def _views_per_second(batches, steps: int, work=None) -> float:
     return seen / (time.perf_counter() - started)
 
 
+def benchmark_trainer(config, data: str | None, tmp: str) -> Trainer:
+    """A trainer of ``config`` with the built-in components on dataset dir ``data`` (default:
+    data_samples/ ingested into ``tmp``), its run dir in ``tmp``; also used by profile_step.py."""
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.collect_components()
+    if data is None:
+        data = Path(tmp) / "dataset"
+        ingest(REPO / "data_samples", data, config.ingest)
+    return Trainer(config, data, Path(tmp) / "run", loader.registry, progress=False, log=lambda m: None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None)
@@ -53,15 +65,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     config = load_config(overrides=args.overrides)
-    loader = PluginLoader()
-    loader.load_builtins()
-    loader.collect_components()
     with tempfile.TemporaryDirectory() as tmp:
-        data = args.data
-        if data is None:
-            data = Path(tmp) / "dataset"
-            ingest(REPO / "data_samples", data, config.ingest)
-        trainer = Trainer(config, data, Path(tmp) / "run", loader.registry, progress=False, log=lambda m: None)
+        trainer = benchmark_trainer(config, args.data, tmp)
         batches = trainer._make_loader()
         loader_rate = _views_per_second(batches, args.steps)
         train_rate = _views_per_second(batches, args.steps, work=trainer._train_step)

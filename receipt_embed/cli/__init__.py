@@ -48,6 +48,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _to_devnull(stream) -> None:
+    """Point ``stream``'s file at /dev/null: what is still buffered for a pipe or disk that failed
+    would fail again at every later write and at interpreter exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 class StdoutFailed(Exception):
     """Writing to standard output failed (a full disk, an I/O error): not an input error of a command,
     so no command's ``except OSError`` turns it into one."""
@@ -116,10 +125,7 @@ class _QuietStderr:
             if exc.errno == errno.EPIPE:
                 global _reader_gone
                 _reader_gone = True
-            try:  # what is still buffered would fail again at every later write
-                os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
-            except (OSError, ValueError):
-                pass
+            _to_devnull(self._stream)
             return default
 
     def __getattr__(self, name):
@@ -153,10 +159,7 @@ class LazyGroup(click.Group):
             click.echo("Error: " + "\n".join(printable(line) for line in lines), err=True)
             sys.exit(2)
         except StdoutFailed as exc:
-            try:  # what is still buffered would fail again at interpreter exit
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except (OSError, ValueError):
-                pass
+            _to_devnull(sys.stdout)
             click.echo(f"Error: {exc}", err=True)
             sys.exit(2)
         except Exception as exc:  # not bad input: a bug, told apart from bad input by exit code 1

@@ -204,9 +204,14 @@ def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[d
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Read a JSON-lines file; a bad line is an error naming the file and line number."""
+    return parse_jsonl(read_regular(path, MAX_JSONL_BYTES), path)
+
+
+def parse_jsonl(data: bytes, path: str | os.PathLike) -> list[dict]:
+    """The rows of JSON-lines bytes already read from ``path`` (named in errors)."""
     rows = []
     try:
-        text = read_regular(path, MAX_JSONL_BYTES).decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadInput(f"{path}: not UTF-8 text (byte {exc.start})") from None
     for number, line in enumerate(text.splitlines(), start=1):

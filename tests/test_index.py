@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import shutil
 import warnings
@@ -437,10 +438,12 @@ def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
     assert result.returncode == 2 and "holds an index dir" in result.stderr
     result = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "0/500", "--out", tmp_path / "e")
     assert result.returncode == 2 and "is empty" in result.stderr
-    manifest = dataset / "manifest.jsonl"
-    original = manifest.read_text()
+    manifest, report = dataset / "manifest.jsonl", dataset / "ingest_report.json"
+    original, original_report = manifest.read_text(), report.read_text()
     try:  # same dataset path, different contents: another machine's copy, or a re-ingest
         manifest.write_text("".join(reversed(original.splitlines(keepends=True))))
+        sealed = {**json.loads(original_report), "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()}
+        report.write_text(json.dumps(sealed))
         cli(
             "index",
             "--checkpoint",
@@ -455,6 +458,7 @@ def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
         )
     finally:
         manifest.write_text(original)
+        report.write_text(original_report)
     result = cli("index-merge", tmp_path / "s0", tmp_path / "s1", tmp_path / "changed", "--out", tmp_path / "m6")
     assert result.returncode == 2 and "manifest.jsonl (its sha256)" in result.stderr
     (tmp_path / "s1" / "shard.json").write_text("{broken")

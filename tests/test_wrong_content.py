@@ -454,3 +454,93 @@ def test_resume_refuses_running_sums_a_run_cannot_have(trained, change, message)
     change(state)
     with pytest.raises(CheckpointError, match=re.escape(f"{last}: {message}")):
         check_resumable(state, last)
+
+
+# ---- dataset dirs edited by hand -----------------------------------------------------------
+
+
+def _add_a_row(rows):
+    rows.append({**rows[0], "path": rows[0]["path"].replace(".jpg", "-copy.jpg")})
+
+
+def _duplicate_a_row(rows):
+    rows.append(dict(rows[0]))
+
+
+def _delete_a_row(rows):
+    del rows[-1]
+
+
+def _move_a_receipt(rows):
+    moved = next(row["receipt_id"] for row in rows if row["split"] == "heldout")
+    for row in rows:
+        if row["receipt_id"] == moved:
+            row["split"] = "train"
+
+
+def _split_a_receipt(rows):
+    next(row for row in rows if row["split"] == "heldout")["split"] = "train"
+
+
+def _relabel_a_row(rows):
+    rows[0]["receipt_id"] = rows[-1]["receipt_id"]
+
+
+EDITS = {"added": _add_a_row, "duplicated": _duplicate_a_row, "deleted": _delete_a_row}
+EDITS |= {"moved": _move_a_receipt, "relabelled": _relabel_a_row}
+
+
+def _edited_dataset(source, target, change, keep_report=True):
+    shutil.copytree(source, target)
+    manifest = target / "manifest.jsonl"
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    change(rows)
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if not keep_report:
+        (target / "ingest_report.json").unlink()
+    return manifest
+
+
+@pytest.mark.parametrize("case", sorted(EDITS))
+def test_train_and_index_refuse_a_manifest_edited_after_ingest(trained, tmp_path, case):
+    """Attack round 10: a row added, duplicated, deleted, relabelled or moved to another split by hand
+    was trained on and indexed as if ingest had checked it. ingest seals the manifest with its sha256
+    in the report; train and index refuse a manifest that no longer matches, naming it."""
+    dataset = tmp_path / "ds"
+    manifest = _edited_dataset(trained / "dataset", dataset, EDITS[case])
+    expected = (str(manifest), "was changed after ingest wrote it", "run `receipt-embed ingest` again")
+    result = run_cli("train", "--data", dataset, "--out", tmp_path / "run", "-q", "--set", "train.epochs=1")
+    _one_clean_error(result, *expected)
+    assert not (tmp_path / "run").exists()
+    checkpoint = trained / "run" / "checkpoints" / "best.pt"
+    result = run_cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "ix", "-q")
+    _one_clean_error(result, *expected)
+    assert not (tmp_path / "ix").exists()
+
+
+UNSEALED = {  # the rules a dataset dir keeps even without its report (written by hand, or before the seal)
+    "duplicated": (_duplicate_a_row, "is listed again (first on line 1)"),
+    "split": (_split_a_receipt, "a receipt's captures must share one split"),
+    "unknown split": (lambda rows: rows[0].update(split="test"), "line 1: unknown split 'test'"),
+    "number id": (lambda rows: rows[0].update(receipt_id=7), "line 1: receipt_id must be a non-empty string, not 7"),
+    "empty device": (lambda rows: rows[0].update(device=""), "line 1: device must be a non-empty string"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSEALED))
+def test_a_dataset_dir_without_its_report_is_still_checked_row_by_row(trained, tmp_path, case):
+    change, message = UNSEALED[case]
+    manifest = _edited_dataset(trained / "dataset", tmp_path / "ds", change, keep_report=False)
+    result = run_cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", "--set", "train.epochs=1")
+    _one_clean_error(result, str(manifest), message)
+
+
+def test_an_unedited_dataset_dir_loads_and_its_seal_is_the_manifests_sha256(trained):
+    import hashlib
+
+    from receipt_embed.data.dataset_dir import load_dataset_dir
+
+    dataset = trained / "dataset"
+    report = json.loads((dataset / "ingest_report.json").read_text())
+    assert report["manifest_sha256"] == hashlib.sha256((dataset / "manifest.jsonl").read_bytes()).hexdigest()
+    assert len(load_dataset_dir(dataset)) == report["counts"]["accepted"]

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receipt_embed.data.cache import REINGEST, CaptureChanged, ImageCache
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
-from receipt_embed.fileio import read_jsonl
-from receipt_embed.ingest.pipeline import MANIFEST_FILE
+from receipt_embed.fileio import MAX_JSONL_BYTES, parse_json, parse_jsonl
+from receipt_embed.ingest.pipeline import MANIFEST_FILE, REPORT_FILE
 from receipt_embed.ingest.splits import SPLITS
-from receipt_embed.userfiles import UnusableFile, check_regular, read_regular
+from receipt_embed.userfiles import UnusableFile, check_regular, read_regular, read_regular_text
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,6 @@ def load_dataset_dir(path: str | Path) -> list[dict]:
 
 
 def _load_dataset_dir_once(path: str | Path) -> list[dict]:
-    from receipt_embed.userfiles import UnusableFile, check_regular
-
     manifest = Path(path) / MANIFEST_FILE
     try:
         check_regular(manifest)  # a FIFO or device is named as such, not reported missing
@@ -55,12 +54,64 @@ def _load_dataset_dir_once(path: str | Path) -> list[dict]:
         raise FileNotFoundError(
             f"{manifest} not found: is {path} a dataset dir written by `receipt-embed ingest`?"
         ) from None
-    rows = read_jsonl(manifest)
+    data = read_regular(manifest, MAX_JSONL_BYTES)
+    _check_seal(Path(path), manifest, data)
+    rows = parse_jsonl(data, manifest)
+    _check_rows(manifest, rows)
+    return rows
+
+
+def _check_seal(path: Path, manifest: Path, data: bytes) -> None:
+    """Refuse a manifest.jsonl whose bytes differ from those ingest wrote beside its report: a
+    row added, deleted, relabelled or moved to another split by hand would otherwise be trained
+    on and indexed as if ingest had checked it. Dirs without the record (written before ingest
+    kept one, or by hand without a report) are checked row by row only."""
+    report_path = path / REPORT_FILE
+    try:
+        report = parse_json(read_regular_text(report_path, MAX_JSONL_BYTES))
+    except UnusableFile as exc:
+        if exc.reason == "missing_file":
+            return
+        raise
+    except ValueError as exc:
+        raise BadInput(f"{report_path}: not valid JSON ({shortened(str(exc))}); {REINGEST}") from None
+    sealed = report.get("manifest_sha256") if isinstance(report, dict) else None
+    if sealed is None:
+        return
+    if hashlib.sha256(data).hexdigest() != sealed:
+        raise BadInput(
+            f"{manifest} was changed after ingest wrote it (its sha256 differs from the one "
+            f"{REPORT_FILE} records): edit the source manifest instead and run `receipt-embed ingest` again"
+        )
+
+
+def _check_rows(manifest: Path, rows: list[dict]) -> None:
+    """The rules every dataset dir keeps, sealed or not: each row names its capture, identity,
+    device and a known split as text; no capture is listed twice, and no receipt is in two
+    splits (its captures would be negatives of each other across the train/held-out line)."""
+    seen_paths: dict[str, int] = {}
+    split_of: dict[str, tuple[str, int]] = {}
     for number, row in enumerate(rows, start=1):
+        where = f"{manifest}, line {number}"
+        if not isinstance(row, dict):
+            raise BadInput(f"{where}: a row must be a JSON object")
         missing = [k for k in ("path", "receipt_id", "device", "split") if k not in row]
         if missing:
-            raise BadInput(f"{manifest}, line {number}: missing {', '.join(missing)}")
-    return rows
+            raise BadInput(f"{where}: missing {', '.join(missing)}")
+        for key in ("path", "receipt_id", "device", "split"):
+            if not isinstance(row[key], str) or not row[key]:
+                raise BadInput(f"{where}: {key} must be a non-empty string, not {shortened(repr(row[key]))}")
+        if row["split"] not in SPLITS:
+            raise BadInput(f"{where}: unknown split {quoted(row['split'])} (one of {', '.join(SPLITS)})")
+        if row["path"] in seen_paths:
+            raise BadInput(f"{where}: {quoted(row['path'])} is listed again (first on line {seen_paths[row['path']]})")
+        seen_paths[row["path"]] = number
+        first = split_of.setdefault(row["receipt_id"], (row["split"], number))
+        if first[0] != row["split"]:
+            raise BadInput(
+                f"{where}: receipt {quoted(row['receipt_id'])} is in split {row['split']}, but in "
+                f"{first[0]} on line {first[1]}: a receipt's captures must share one split"
+            )
 
 
 def select_split(rows: list[dict], split: str) -> Captures:

@@ -16,7 +16,7 @@ from pathlib import Path
 from receipt_embed.config import IngestConfig, load_config
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
-from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl
+from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, sha256_file
 from receipt_embed.ingest.captures import check_files
 from receipt_embed.ingest.duplicates import resolve_duplicates
 from receipt_embed.ingest.manifest import (
@@ -176,6 +176,8 @@ def ingest(
         _refuse_captures_inside(out_dir, ordered)
         with replace_dir(out_dir, "dataset", force) as staging:
             atomic_write_jsonl(staging / MANIFEST_FILE, ordered)
+            # the pair's seal: train and index refuse a manifest edited after ingest
+            report["manifest_sha256"] = sha256_file(staging / MANIFEST_FILE)
             atomic_write_json(staging / REPORT_FILE, report)
     return IngestResult(Path(out_dir), ordered, report, report["rejected"])
 

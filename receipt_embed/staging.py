@@ -26,6 +26,7 @@ from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
 from receipt_embed.locking import write_lock
 from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind, is_mount_point
+from receipt_embed.stops import raise_if_stopped
 
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -201,6 +202,7 @@ def replace_dir(out: str | os.PathLike, kind: str, force: bool = False, log=None
             raise
         try:  # a SIGTERM unwinds through here too (see locking.write_lock)
             yield staging
+            raise_if_stopped()  # a stop a library swallowed while the new dir was written: keep the old one
             _sync_tree(staging)
             swap_in(staging, out)
         except BaseException as exc:

@@ -23,8 +23,9 @@ class StoppedBySignal(SystemExit):
     reported = False  # the innermost lock it unwinds says so in one line
 
 
-received: list[int] = []  # exit codes of the stop signals this process received while holding a lock
+received: list[int] = []  # exit codes of the stop signals this command (or library call) received
 _first_stop_at: list[float] = []  # when the first stop signal of this process arrived
+_in_command: list[bool] = []  # inside signals_stop_the_command: a whole command, one per process
 REPEAT_WINDOW_S = 1.0  # a stop signal this soon after the first is the same stop sent twice
 
 
@@ -37,6 +38,17 @@ def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
         stop.reported = True
         print(f"stopped by {signal_name(stop)}: {out} left as it was", file=sys.stderr, flush=True)
     return stop
+
+
+def raise_if_stopped() -> None:
+    """Deliver a stop signal whose exception a library swallowed. The handler's exception is raised
+    wherever the main thread happens to be, and code that catches broadly eats it: torch's first
+    optimizer step imports triton behind ``except ImportError``, and a SIGTERM landing in that import
+    arrives as an ImportError and is dropped, so training ran to its end and exited 0. Long phases
+    (the training loop, a writer's final swap) call this before they begin: a stop recorded in
+    ``received`` stops the command there."""
+    if received:
+        raise StoppedBySignal(received[-1])
 
 
 def is_repeat() -> bool:
@@ -77,8 +89,9 @@ def _stopping_on(signals: tuple, restore: bool = True) -> Iterator[None]:
 def sigterm_unwinds() -> Iterator[None]:
     """SIGTERM raises SystemExit(143) in the main thread, so a writer stopped by it removes its lock
     and its staging dir on the way out (a handler installed inside, e.g. training's, takes precedence)."""
-    received.clear()
-    _first_stop_at.clear()
+    if not _in_command:  # a library call: its own record (a command keeps one from its start)
+        received.clear()
+        _first_stop_at.clear()
     with _stopping_on((signal.SIGTERM,)):
         yield
 
@@ -89,9 +102,14 @@ def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
     stop outside any lock is the same one line and exit code as inside one, not click's "Aborted!"
     with exit 1 nor a silent death by the signal. The program itself keeps them to its end
     (``restore=False``); its exit path takes over in ``receipt_embed.cli.run``."""
+    received.clear()
     _first_stop_at.clear()
-    with _stopping_on((signal.SIGINT, signal.SIGTERM), restore):
-        yield
+    _in_command.append(True)
+    try:
+        with _stopping_on((signal.SIGINT, signal.SIGTERM), restore):
+            yield
+    finally:
+        _in_command.pop()
 
 
 def signal_name(stop: SystemExit) -> str:

@@ -201,6 +201,75 @@ def test_sigterm_that_an_extension_turns_into_another_error_is_still_a_stop(tmp_
     assert capsys.readouterr().err == ""
 
 
+SWALLOWING_LOSS = """
+import os, signal, time
+from receipt_embed.losses.supcon import SupConLoss
+from receipt_embed.hookspecs import hookimpl
+
+def make(**params):
+    try:  # as torch's first optimizer step does: an import behind `except ImportError` eats the stop
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except BaseException:
+        pass
+    return SupConLoss(**params)
+
+@hookimpl
+def register_losses(register):
+    register("swallowing", make, description="SupCon, built while a stop signal is swallowed")
+"""
+
+
+def test_a_stop_a_library_swallowed_before_training_still_stops_it(tmp_path):
+    """Found while chasing a flaky exit code: a SIGTERM landing in torch's import of triton (behind
+    `except ImportError`, at the optimizer's first use) was dropped, and train ran every epoch and
+    exited 0. The stop is recorded, and the training loop refuses to begin after one."""
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds")
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "swallowing.py").write_text(SWALLOWING_LOSS)
+    sets = [arg for key in [*TINY_TRAINING[:-1], "train.epochs=30", "loss.name=swallowing"] for arg in ("--set", key)]
+    run = tmp_path / "run"
+    result = run_cli(
+        "--plugins-dir",
+        tmp_path / "plugins",
+        "train",
+        "--data",
+        tmp_path / "ds",
+        "--out",
+        run,
+        "-q",
+        *sets,
+        timeout=120,
+    )
+    assert result.returncode == 143, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"stopped by SIGTERM: {run} left as it was"
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints" / "last.pt").exists()
+    assert not (tmp_path / ".run.lock").exists()
+
+
+def test_a_swallowed_stop_keeps_the_old_dir_instead_of_swapping_in_the_new(tmp_path):
+    """The same swallowed stop while a new dir is staged: the old copy stays, the staging copy goes."""
+    from receipt_embed.staging import replace_dir
+    from receipt_embed.stops import StoppedBySignal, signals_stop_the_command
+
+    out = tmp_path / "ix"
+    out.mkdir()
+    (out / "index.json").write_text("old")
+    with pytest.raises(StoppedBySignal) as stopped, signals_stop_the_command():
+        with replace_dir(out, "index", force=True) as staging:
+            (staging / "index.json").write_text("new")
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except BaseException:
+                pass
+    assert stopped.value.code == 143
+    assert (out / "index.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ix"]
+
+
 def test_an_audit_into_the_index_dir_and_an_index_force_never_run_together(tmp_path):
     """Round 3 of the attack: an audit writing INDEX/audit while `index --force` replaced INDEX
     put the old index's report in the new one. The report inside the index dir is a write to the

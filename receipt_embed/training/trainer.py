@@ -34,6 +34,7 @@ from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
 from receipt_embed.fileio import append_line, atomic_write_json
 from receipt_embed.locking import check_still_held
+from receipt_embed.stops import raise_if_stopped
 from receipt_embed.training.budget import TimeBudget, budget_spent, nothing_to_train
 from receipt_embed.training.checkpoint import save_checkpoint
 from receipt_embed.training.components import build_components
@@ -192,6 +193,7 @@ class Trainer(TrainingStep):
             self.log(f"train.epochs auto: {epochs} epochs of {self.steps_per_epoch} steps, about {AUTO_VIEWS:,} views")
         if self.epoch >= epochs or self.out_of_time:
             self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
+        raise_if_stopped()  # a stop before training whose exception a library swallowed
         with stop_on_signals() as received:
             while self.epoch < epochs and not self.out_of_time:
                 self._train_epoch(loader, received)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -18,7 +19,16 @@ from typing import Annotated, Any, Literal
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+)
 
 from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
@@ -51,27 +61,41 @@ def _finite_numbers(value, where: str = ""):
 Params = Annotated[dict[str, Any], AfterValidator(_finite_numbers)]  # extra keyword arguments for a plugin
 
 
+def _not_a_boolean(value):
+    if isinstance(value, bool):
+        raise BadInput(f"a number, got the boolean {str(value).lower()}")
+    return value
+
+
+# whole numbers and switches are taken only as such: "3" (quoted), true or 3.5 for a count, or 1 for a
+# switch, is an error, not silently 3, 1, 3 or true; numbers may be written as whole numbers
+Int = Annotated[int, Strict()]
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+Bool = Annotated[bool, Strict()]
+Float = Annotated[float, BeforeValidator(_not_a_boolean)]
+
+
 # sizes far beyond any receipt model: a checkpoint naming one is corrupt or crafted, and would make
 # index or search allocate without end
 MAX_SIDE = 4096
 MAX_WIDTH = 65536
-Side = Annotated[int, Field(gt=0, le=MAX_SIDE)]
-Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+Side = Annotated[int, Strict(), Field(gt=0, le=MAX_SIDE)]
+Width = Annotated[int, Strict(), Field(gt=0, le=MAX_WIDTH)]
 
 
 class DataConfig(_Section):
     image_size: tuple[Side, Side]
-    grayscale: bool
+    grayscale: Bool
 
 
 class IngestConfig(_Section):
-    split_ratios: tuple[float, float, float]
-    seed: int
+    split_ratios: tuple[Float, Float, Float]
+    seed: Int
     max_pixels: PositiveInt
     # a default here too: checkpoints written before the key existed must still load
     max_bytes: PositiveInt = 64 * 1024 * 1024
-    allow_absolute_paths: bool
-    merge_duplicates: bool
+    allow_absolute_paths: Bool
+    merge_duplicates: Bool
 
     @field_validator("split_ratios")
     @classmethod
@@ -85,18 +109,18 @@ class ModelConfig(_Section):
     encoder: str
     pretrained: str | None
     pooling: Literal["gap", "grid"]
-    grid: tuple[Annotated[int, Field(gt=0, le=64)], Annotated[int, Field(gt=0, le=64)]]
+    grid: tuple[Annotated[int, Strict(), Field(gt=0, le=64)], Annotated[int, Strict(), Field(gt=0, le=64)]]
     head_hidden: Width
     head_dim: Width
-    bn_momentum: float = Field(gt=0, le=1)
+    bn_momentum: Float = Field(gt=0, le=1)
     input_norm: Literal["fixed", "per_image"]
     params: Params = Field(default_factory=dict)  # extra keyword arguments for the encoder plugin
 
 
 class LossConfig(_Section):
     name: str
-    temperature: float = Field(gt=0)
-    koleo_weight: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    temperature: Float = Field(gt=0)
+    koleo_weight: Float = Field(default=0.0, ge=0, allow_inf_nan=False)
     params: Params
 
 
@@ -112,21 +136,21 @@ class SamplerConfig(_Section):
 
 class TrainConfig(_Section):
     epochs: int | str  # a positive number, or "auto" (training.schedule.planned_epochs)
-    max_minutes: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_minutes: Float | None = Field(default=None, gt=0, allow_inf_nan=False)
     batch_size: PositiveInt
-    seed: int = Field(ge=0, lt=2**63)  # what numpy's and torch's seeding take
-    lr: float = Field(gt=0)
-    weight_decay: float = Field(ge=0)
-    warmup_epochs: float = Field(ge=0)
-    grad_clip: float = Field(ge=0)
+    seed: Int = Field(ge=0, lt=2**63)  # what numpy's and torch's seeding take
+    lr: Float = Field(gt=0)
+    weight_decay: Float = Field(ge=0)
+    warmup_epochs: Float = Field(ge=0)
+    grad_clip: Float = Field(ge=0)
     precision: Literal["fp32", "bf16"]
-    num_workers: int = Field(ge=0)
-    deterministic: bool
-    cache_margin: float = Field(ge=1)
+    num_workers: Int = Field(ge=0)
+    deterministic: Bool
+    cache_margin: Float = Field(ge=1)
     eval_batch_size: PositiveInt
-    bn_recalibrate: int = Field(ge=0)
+    bn_recalibrate: Int = Field(ge=0)
     select_on: Literal["backbone", "head"]
-    momentum: float = Field(ge=0, le=1)
+    momentum: Float = Field(ge=0, le=1)
 
     @field_validator("epochs", mode="before")
     @classmethod
@@ -138,7 +162,7 @@ class TrainConfig(_Section):
 
 class PluginsConfig(_Section):
     dir: str | None
-    strict: bool
+    strict: Bool
 
 
 class Config(_Section):
@@ -214,11 +238,49 @@ def _refuse_aliases(text: str, path: Path) -> None:
             depth -= 1
 
 
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)\Z")
+
+
+def _unclear_number(node) -> str | None:
+    """Why a plain YAML scalar reads as another number than the digits written, or None: YAML 1.1
+    reads ``017`` as octal 15, ``0x1e`` as 30 and ``1:30`` (base 60) as 90."""
+    if not isinstance(node, yaml.ScalarNode) or node.style:
+        return None
+    base_60 = ":" in node.value
+    if node.tag == "tag:yaml.org,2002:int" and (base_60 or not _DECIMAL.match(node.value)):
+        kind = "base 60" if base_60 else "octal, hexadecimal or binary"
+    elif node.tag == "tag:yaml.org,2002:float" and base_60:
+        kind = "base 60"
+    else:
+        return None
+    return (
+        f"{shortened(node.value)} reads as {yaml.safe_load(node.value)} in YAML ({kind}); write the number in "
+        "plain decimal digits (no leading zero), or quote it if it is text"
+    )
+
+
+def _unclear_numbers(node) -> list:
+    """The scalar nodes under ``node`` (a composed YAML tree without aliases) that :func:`_unclear_number` refuses."""
+    found, pending = [], [node]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, yaml.MappingNode):
+            pending.extend(value for _, value in item.value)
+        elif isinstance(item, yaml.SequenceNode):
+            pending.extend(item.value)
+        elif _unclear_number(item):
+            found.append(item)
+    return sorted(found, key=lambda item: item.start_mark.index)
+
+
 def _refuse_repeated_keys(text: str, path: Path) -> None:
     """A key given twice in one mapping (a second ``train:`` section further down, say) would
     silently replace the first, and all the settings under it; refuse it, naming both lines.
     Called after :func:`_refuse_aliases`, so the node graph is small and has no shared parts."""
-    pending = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    for node in _unclear_numbers(root)[:1]:
+        raise ConfigError(f"config file {path}, line {node.start_mark.line + 1}: {_unclear_number(node)}")
+    pending = [root]
     while pending:
         node = pending.pop()
         if isinstance(node, yaml.MappingNode):
@@ -280,6 +342,12 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise ConfigError(f"--set expects key.path=value, got '{shortened(item)}'")
+        try:
+            value = yaml.compose(item.split("=", 1)[1], Loader=yaml.SafeLoader)
+        except yaml.YAMLError:  # the config library's own parser says what is wrong below
+            value = None
+        for node in _unclear_numbers(value)[:1] if value is not None else ():
+            raise ConfigError(f"--set '{shortened(item)}': {_unclear_number(node)}")
         try:
             layers.append(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:

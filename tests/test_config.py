@@ -223,3 +223,47 @@ def test_an_override_the_config_cannot_take_is_one_line(override, message):
     with pytest.raises(ConfigError) as info:
         load_config(overrides=[override])
     assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "written,read_as,kind",
+    [("017", 15, "octal, hexadecimal or binary"), ("0x1e", 30, "octal, hexadecimal or binary"),
+     ("0b11", 3, "octal, hexadecimal or binary"), ("1:30", 90, "base 60")],
+)  # fmt: skip
+def test_a_number_yaml_reads_as_another_is_refused_in_files_and_overrides(tmp_path, written, read_as, kind):
+    """Attack round 10: `epochs: 017` trained 15 epochs and `batch_size: 1:30` used 90 (YAML 1.1's
+    octal and base 60), silently; the file's line, or the override, is named instead."""
+    expected = (
+        f"{written} reads as {read_as} in YAML ({kind}); write the number in plain decimal digits (no "
+        "leading zero), or quote it if it is text"
+    )
+    (tmp_path / "c.yaml").write_text(f"train:\n  seed: 3\n  batch_size: {written}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert str(info.value) == f"config file {tmp_path / 'c.yaml'}, line 3: {expected}"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"data.image_size=[{written},32]"])
+    assert str(info.value) == f"--set 'data.image_size=[{written},32]': {expected}"
+    assert load_config(overrides=["train.batch_size=1_024", "loss.params={name: '017'}"]).train.batch_size == 1024
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ('train.batch_size="32"', "'train.batch_size': Input should be a valid integer (got '32')"),
+        ("train.batch_size=true", "'train.batch_size': Input should be a valid integer (got True)"),
+        ("train.bn_recalibrate=2.5", "'train.bn_recalibrate': Input should be a valid integer (got 2.5)"),
+        ('train.epochs="3"', "'train.epochs': a positive whole number of epochs, or auto, got '3'"),
+        ("train.deterministic=1", "'train.deterministic': Input should be a valid boolean (got 1)"),
+        ("train.lr=true", "'train.lr': a number, got the boolean true"),
+        ("loss.temperature=false", "'loss.temperature': a number, got the boolean false"),
+    ],
+)
+def test_whole_numbers_and_switches_are_taken_only_as_such(override, message):
+    """Attack round 10: a quoted "32", `true` or 2.5 for a count became 32, 1 or 2 and a 1 for a switch
+    became true, silently; each is now an error naming the key."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert str(info.value) == f"config key {message}"
+    config = load_config(overrides=["train.lr=1e-3", "train.warmup_epochs=2", "train.deterministic=yes"])
+    assert (config.train.lr, config.train.warmup_epochs, config.train.deterministic) == (0.001, 2.0, True)

@@ -77,7 +77,7 @@ Float = Annotated[float, BeforeValidator(_not_a_boolean)]
 
 # sizes far beyond any receipt model: a checkpoint naming one is corrupt or crafted, and would make
 # index or search allocate without end
-MAX_SIDE = 4096
+MAX_SIDE = 2048
 MAX_WIDTH = 65536
 Side = Annotated[int, Strict(), Field(gt=0, le=MAX_SIDE)]
 Width = Annotated[int, Strict(), Field(gt=0, le=MAX_WIDTH)]
@@ -210,29 +210,29 @@ def _explain(error: dict) -> str:
     return f"config key '{key}': {error['msg']} (got {shortened(repr(error.get('input')))})"
 
 
-def _refuse_aliases(text: str, path: Path) -> None:
+def _refuse_aliases(text: str, path: Path | None, where: str | None = None) -> None:
     """A config never needs YAML aliases, and a few nested ones ("billion laughs") expand into
-    more nodes than memory holds once OmegaConf copies the shared references; refuse any."""
+    more nodes than memory holds once OmegaConf copies the shared references; refuse any. The
+    parse is event by event, so a value nested 40,000 deep is refused, not a RecursionError.
+    ``where`` names the text when it is not a file (an override)."""
     depth, nodes = 0, 0
+
+    def at(event) -> str:
+        return where or f"config file {path}, line {event.start_mark.line + 1}"
+
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         nodes += 1
         if nodes > MAX_CONFIG_NODES:  # the config library copies each node several times: a long list crawls
-            raise ConfigError(
-                f"config file {path}, line {event.start_mark.line + 1}: more than {MAX_CONFIG_NODES} values; "
-                "a config never needs that many"
-            )
+            raise ConfigError(f"{at(event)}: more than {MAX_CONFIG_NODES} values; a config never needs that many")
         if isinstance(event, yaml.AliasEvent):
-            mark = event.start_mark
             raise ConfigError(
-                f"config file {path}, line {mark.line + 1}: YAML aliases (*{event.anchor}) are not "
-                "allowed in a config; write the values out"
+                f"{at(event)}: YAML aliases (*{event.anchor}) are not allowed in a config; write the values out"
             )
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             depth += 1
             if depth > MAX_CONFIG_DEPTH:  # deep nesting makes the YAML and config libraries crawl, then crash
                 raise ConfigError(
-                    f"config file {path}, line {event.start_mark.line + 1}: nested more than "
-                    f"{MAX_CONFIG_DEPTH} levels deep; a config never needs that"
+                    f"{at(event)}: nested more than {MAX_CONFIG_DEPTH} levels deep; a config never needs that"
                 )
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             depth -= 1
@@ -342,12 +342,14 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise ConfigError(f"--set expects key.path=value, got '{shortened(item)}'")
+        where = f"--set '{shortened(item)}'"
         try:
+            _refuse_aliases(item.split("=", 1)[1], None, where)
             value = yaml.compose(item.split("=", 1)[1], Loader=yaml.SafeLoader)
         except yaml.YAMLError:  # the config library's own parser says what is wrong below
             value = None
         for node in _unclear_numbers(value)[:1] if value is not None else ():
-            raise ConfigError(f"--set '{shortened(item)}': {_unclear_number(node)}")
+            raise ConfigError(f"{where}: {_unclear_number(node)}")
         try:
             layers.append(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:

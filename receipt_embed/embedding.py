@@ -62,6 +62,9 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
     return LoadedModel(model, config, Path(checkpoint))
 
 
+SLICE_BYTES = 256 * 2**20  # decoded captures held at once while embedding
+
+
 @torch.no_grad()
 def embed_paths(
     loaded: LoadedModel,
@@ -80,14 +83,16 @@ def embed_paths(
     config = loaded.config
     size = cache_size(tuple(config.data.image_size), config.train.cache_margin)
     out = []
+    # decode in slices of at most 1024 captures and SLICE_BYTES of decoded pixels, to bound memory
+    step = max(1, min(1024, SLICE_BYTES // (size[0] * size[1] * 3)))
     with tqdm(total=len(paths), desc="embedding", unit="img", disable=not progress, file=sys.stderr) as bar:
-        for start in range(0, len(paths), 1024):  # decode in slices to bound memory
+        for start in range(0, len(paths), step):
             cache = ImageCache(
-                paths[start : start + 1024],
+                paths[start : start + step],
                 size,
                 max_pixels=config.ingest.max_pixels,
                 max_bytes=config.ingest.max_bytes,
-                digests=None if digests is None else digests[start : start + 1024],
+                digests=None if digests is None else digests[start : start + step],
             )
             for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
                 backbone, head = loaded.model(images)

@@ -34,7 +34,19 @@ def _current_umask() -> int:
 
 
 _UMASK = _current_umask()
-_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+# a file-size limit (ulimit -f: EFBIG) stops a write as a full disk does, and is told the same way
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+
+
+def _file_size_limit() -> int | None:
+    """The largest file this process may write (``ulimit -f``), or None when unlimited."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if limit == resource.RLIM_INFINITY else limit
 
 
 class DiskFull(BadInput):
@@ -43,11 +55,18 @@ class DiskFull(BadInput):
 
     def __init__(self, path, free_bytes: int | None):
         free = "unknown space" if free_bytes is None else f"{free_bytes / 2**20:.1f} MiB"
-        if free_files(Path(path).parent) == 0:
-            shown = f"no free inodes (file entries) left on that file system, though {free} free"
+        limit = _file_size_limit()
+        if limit is not None and (free_bytes is None or free_bytes > limit):
+            most = f"{limit / 2**20:.1f} MiB" if limit >= 2**20 else f"{limit / 1024:.0f} KiB"
+            message = (
+                f"the file-size limit was reached writing {path}: this process may write files of at most "
+                f"{most} (ulimit -f), with {free} free on that file system"
+            )
+        elif free_files(Path(path).parent) == 0:
+            message = f"no space left on device writing {path} (no free inodes (file entries) left on that file system, though {free} free)"
         else:
-            shown = f"{free} free on that file system"
-        super().__init__(f"no space left on device writing {path} ({shown})")
+            message = f"no space left on device writing {path} ({free} free on that file system)"
+        super().__init__(message)
         self.path = str(path)
         self.free_bytes = free_bytes
 
@@ -160,11 +179,33 @@ def append_line(path: str | os.PathLike, line: str) -> None:
         raise
 
 
-def parse_json(text):
+class RepeatedKey(ValueError):
+    """A JSON object gives one key twice (``json`` would keep the last value without a word)."""
+
+
+def _refuse_repeated_keys(pairs: list) -> dict:
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise RepeatedKey(key)
+        result[key] = value
+    return result
+
+
+def parse_json(text, unique_keys: bool = False):
     """``json.loads``, where nesting too deep for the parser (a few KB of ``[[[[``) is an ordinary
-    JSONDecodeError that callers name the file for, not a RecursionError traceback."""
+    JSONDecodeError that callers name the file for, not a RecursionError traceback. With
+    ``unique_keys`` (files people write by hand), an object giving a key twice is such an error too."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_refuse_repeated_keys) if unique_keys else json.loads(text)
+    except RepeatedKey as exc:
+        from receipt_embed.display import shortened
+
+        raise json.JSONDecodeError(
+            f"key {shortened(repr(exc.args[0]))} is given twice in one object",
+            text if isinstance(text, str) else "",
+            0,
+        ) from None
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
     except json.JSONDecodeError:

@@ -267,3 +267,18 @@ def test_whole_numbers_and_switches_are_taken_only_as_such(override, message):
     assert str(info.value) == f"config key {message}"
     config = load_config(overrides=["train.lr=1e-3", "train.warmup_epochs=2", "train.deterministic=yes"])
     assert (config.train.lr, config.train.warmup_epochs, config.train.deterministic) == (0.001, 2.0, True)
+
+
+@pytest.mark.parametrize("value", ["[" * 40000 + "]" * 40000, "{a: " * 20000 + "1" + "}" * 20000, "{a: &x [1], b: *x}"])
+def test_an_override_nested_without_end_or_with_aliases_is_refused_like_a_file(value):
+    """Attack round 11: `--set train.seed=[[[...40000...]]]` was an internal error (RecursionError,
+    exit 1); overrides now get the config file's checks, event by event."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"loss.params={value}"])
+    message = str(info.value)
+    assert message.startswith("--set 'loss.params=") and len(message) < 400, message
+    assert message.endswith(
+        "nested more than 32 levels deep; a config never needs that"
+        if "&x" not in value
+        else "YAML aliases (*x) are not allowed in a config; write the values out"
+    )

@@ -412,3 +412,34 @@ def test_sigterm_while_ingest_waits_on_a_read_that_never_returns(tmp_path):
     assert child.returncode == 143, err
     assert err.splitlines()[-1] == f"stopped by SIGTERM: {out} left as it was", err
     assert not out.exists() and not list(tmp_path.glob(".ds.*"))
+
+
+def test_a_file_size_limit_is_one_line_naming_the_file_and_the_old_dir_stays(tmp_path):
+    """Attack round 11: under `ulimit -f` ingest and index said only "Error: File too large" and
+    train was an internal error (exit 1); the limit stops a write as a full disk does, and says so."""
+    import resource
+
+    assert run_cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds", "-q").returncode == 0
+    before = tree_digest(tmp_path / "ds")
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, resource.RLIM_INFINITY))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", "ingest", REPO / "data_samples", "--out", tmp_path / "ds"]
+        + ["--seed", "1", "--force", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        preexec_fn=limited,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"Error: the file-size limit was reached writing {tmp_path / 'ds' / 'manifest.jsonl'}: this process may "
+        "write files of at most 20 KiB (ulimit -f), with "
+    ), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert tree_digest(tmp_path / "ds") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

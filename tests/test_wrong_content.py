@@ -169,6 +169,14 @@ CHECKPOINTS = {
         "model.extra is not part of the architecture",
     ),
     "config value of a wrong type": (lambda s: s["config"]["model"].update(head_dim="big"), "config.model.head_dim"),
+    "whole-number weights": (  # attack round 11: loaded as truncated integers, index exited 0
+        lambda s: s["model"].update({k: v.to(torch.int64) for k, v in s["model"].items() if v.is_floating_point()}),
+        "holds int64 values, the architecture needs float32",
+    ),
+    "images over 2048 a side": (  # attack round 11: 4096 x 4096 made index allocate some 23 GB
+        lambda s: s["config"]["data"].update(image_size=[4096, 4096]),
+        "config.data.image_size.0: Input should be less than or equal to 2048",
+    ),
 }
 
 
@@ -544,3 +552,49 @@ def test_an_unedited_dataset_dir_loads_and_its_seal_is_the_manifests_sha256(trai
     report = json.loads((dataset / "ingest_report.json").read_text())
     assert report["manifest_sha256"] == hashlib.sha256((dataset / "manifest.jsonl").read_bytes()).hexdigest()
     assert len(load_dataset_dir(dataset)) == report["counts"]["accepted"]
+
+
+@pytest.mark.parametrize("params", ["efSearch=-1", "efSearch=2000000000", "efSearch=16,efSearch=999", "nprobe=4"])
+def test_search_params_other_than_a_tuned_setting_are_refused(tmp_path, params):
+    """Attack round 11: efSearch=-1 in index.json silently dropped neighbours (a query's own
+    capture among them), and efSearch=2000000000 searched for 45 s in 16 GB: faiss takes any
+    number. Only a setting `index` tunes over loads."""
+    from test_overwrite import write_embeddings
+
+    x, manifest = write_embeddings(tmp_path, "e", 300)
+    index_embeddings(x, manifest, tmp_path / "ix", factory="HNSW32")
+    tuned = json.loads((tmp_path / "ix" / "index.json").read_text())["search_params"]
+    assert tuned.startswith("efSearch=") and load_index_dir(tmp_path / "ix").meta["search_params"] == tuned
+    edit_meta(tmp_path / "ix", lambda meta: meta.update(search_params=params))
+    with pytest.raises(IndexDirError) as info:
+        load_index_dir(tmp_path / "ix")
+    assert f"index.json: search_params {params!r} do not apply to a HNSW32 index" in str(info.value)
+    assert "`receipt-embed index` writes one of the settings it tunes: 'efSearch=16'" in str(info.value)
+
+
+def test_embedding_batches_hold_a_bounded_number_of_pixels():
+    """Attack round 11: batches of 128 at a large input size were tens of GB; a batch now holds
+    at most MAX_BATCH_PIXELS input pixels (128 at the defaults, one at 2048 x 2048)."""
+    from receipt_embed.data.views import MAX_BATCH_PIXELS, clean_batches
+
+    images = np.zeros((5, 40, 20, 3), np.uint8)
+    sizes = [len(b) for b in clean_batches(images, (2048, 1024), True, 128)]
+    assert sizes == [2, 2, 1] and 2 * 2048 * 1024 <= MAX_BATCH_PIXELS
+    assert [len(b) for b in clean_batches(np.zeros((200, 40, 20, 3), np.uint8), (128, 64), True, 128)] == [128, 72]
+
+
+def test_a_jsonl_manifest_row_giving_a_key_twice_is_refused(tmp_path):
+    """Attack round 11: `"split": "heldout", "split": "train"` kept the last value silently (a
+    repeated CSV column was already refused)."""
+    from receipt_embed.ingest import ManifestError, ingest
+
+    image = sorted((REPO / "data_samples" / "images").glob("*.jpg"))[0]
+    shutil.copy(image, tmp_path / "a.jpg")
+    (tmp_path / "m.jsonl").write_text(
+        '{"path": "a.jpg", "receipt_id": "r1", "device": "p"}\n'
+        '{"path": "a.jpg", "receipt_id": "r1", "device": "p", "split": "heldout", "split": "train"}\n'
+    )
+    with pytest.raises(ManifestError) as info:
+        ingest(tmp_path / "m.jsonl", tmp_path / "ds")
+    assert str(info.value) == f"{tmp_path / 'm.jsonl'}, line 2: invalid JSON (key 'split' is given twice in one object)"
+    assert not (tmp_path / "ds").exists()

@@ -132,6 +132,18 @@ class _QuietStderr:
         return getattr(self._stream, name)
 
 
+MAX_MESSAGE_LINE = 2000  # characters of one error line; a value a message quotes whole can be megabytes
+
+
+def _capped(line: str) -> str:
+    """One error line of at most about MAX_MESSAGE_LINE characters, its start and end kept (where
+    a message names the file and says what to do): a safety net for values quoted unshortened."""
+    if len(line) <= MAX_MESSAGE_LINE:
+        return line
+    keep = MAX_MESSAGE_LINE // 2
+    return f"{line[:keep]} ... ({len(line) - 2 * keep} characters left out) ... {line[-keep:]}"
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported on first use."""
 
@@ -156,7 +168,7 @@ class LazyGroup(click.Group):
             sys.exit(stop.code)
         except BadInput as exc:  # bad input a command did not turn into its own message: still one line
             lines = getattr(exc, "lines", None) or [str(exc)]  # or one per problem (errors.BadInputLines)
-            click.echo("Error: " + "\n".join(printable(line) for line in lines), err=True)
+            click.echo("Error: " + "\n".join(printable(_capped(line)) for line in lines), err=True)
             sys.exit(2)
         except StdoutFailed as exc:
             _to_devnull(sys.stdout)

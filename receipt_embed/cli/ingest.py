@@ -7,7 +7,7 @@ import sys
 import click
 
 from receipt_embed.cli.options import ExistingPath, InputError, config_options, resolve_config
-from receipt_embed.display import printable
+from receipt_embed.display import printable, shortened
 from receipt_embed.errors import BadInput
 
 
@@ -92,7 +92,7 @@ def ingest(
         raise InputError(str(exc)) from None
     click.echo(result.summary())
     for entry in result.rejected[:10]:
-        click.echo(f"  rejected: {printable(entry['detail'])} [{entry['reason']}]", err=True)
+        click.echo(f"  rejected: {printable(shortened(entry['detail'], 400))} [{entry['reason']}]", err=True)
     if len(result.rejected) > 10:
         click.echo(f"  ... {len(result.rejected) - 10} more in the report", err=True)
     for warning in result.warnings():

@@ -22,6 +22,8 @@ from receipt_embed.errors import BadInput
 
 # inputs are scaled to roughly zero mean, unit variance for paper-and-ink images
 PIXEL_MEAN, PIXEL_STD = 0.5, 0.25
+# input pixels per embedding batch: 128 captures at up to 256 x 128; at 2048 x 2048 one at a time
+MAX_BATCH_PIXELS = 128 * 256 * 128
 
 
 def view_seed(*parts: int) -> int:
@@ -139,10 +141,12 @@ class SeededBatches:
 def clean_batches(
     images: np.ndarray, image_size: tuple[int, int], grayscale: bool, batch_size: int
 ) -> Iterator[torch.Tensor]:
-    """Cached captures (N, H', W', 3) resized to the model input, without augmentation, in order."""
+    """Cached captures (N, H', W', 3) resized to the model input, without augmentation, in order;
+    batches hold at most MAX_BATCH_PIXELS input pixels, so a large input size embeds a few at a time."""
     import cv2
 
     height, width = image_size
+    batch_size = max(1, min(batch_size, MAX_BATCH_PIXELS // (height * width)))
     for start in range(0, len(images), batch_size):
         batch = images[start : start + batch_size]
         yield torch.stack(

@@ -240,7 +240,7 @@ def _check_file(path: Path, expected: dict) -> None:
 
 def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
     """Load an index dir, checking every file against index.json (``verify``)."""
-    from receipt_embed.indexing.factory import set_search_params
+    from receipt_embed.indexing.factory import search_candidates, set_search_params
 
     path = Path(path)
     meta = read_meta(path)
@@ -276,13 +276,17 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
     if problems:
         raise IndexDirError(f"{path}: index.json records {count} items of dim {dim}, but " + "; ".join(problems))
     check_index_matches(index, embeddings, meta, path / INDEX_FILE, IndexDirError)
-    try:
-        set_search_params(index, meta.get("search_params") or "")
-    except RuntimeError as exc:
+    params = meta.get("search_params") or ""
+    # only a setting `index` itself tunes over: faiss takes any number, and efSearch=-1 drops
+    # neighbours silently while efSearch=2000000000 allocates without end
+    settings = [setting for group in search_candidates(index) for setting in group]
+    if params not in settings:
+        written = ", ".join(repr(setting) for setting in settings[:6] if setting) or "none"
         raise IndexDirError(
-            f"{path / META_FILE}: search_params {meta.get('search_params')!r} do not apply to a "
-            f"{meta['factory']} index ({str(exc).strip().splitlines()[-1]})"
-        ) from None
+            f"{path / META_FILE}: search_params {shortened(repr(params))} do not apply to a {meta['factory']} index "
+            f"(`receipt-embed index` writes one of the settings it tunes: {written}{', ...' if len(settings) > 6 else ''})"
+        )
+    set_search_params(index, params)
     return IndexDir(path, index, items, embeddings, meta)
 
 

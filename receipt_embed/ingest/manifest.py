@@ -151,9 +151,10 @@ def _read_jsonl(path: Path) -> list[ManifestRow]:
         if not line.strip():
             continue
         try:
-            record = parse_json(line)
+            record = parse_json(line, unique_keys=True)
         except json.JSONDecodeError as exc:
-            raise ManifestError(f"{path}, line {number}: invalid JSON ({exc.msg}, column {exc.colno})") from None
+            where = f", column {exc.colno}" if exc.pos else ""  # a repeated key has no one column
+            raise ManifestError(f"{path}, line {number}: invalid JSON ({exc.msg}{where})") from None
         if not isinstance(record, dict):
             raise ManifestError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
         if len(record) > MAX_COLUMNS:

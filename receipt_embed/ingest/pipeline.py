@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from receipt_embed.config import IngestConfig, load_config
-from receipt_embed.display import printable
+from receipt_embed.display import printable, quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, sha256_file
 from receipt_embed.ingest.captures import check_files
@@ -111,7 +111,8 @@ def _explicit_splits(rows: list[dict]) -> dict[str, str]:
         if len(by_split) > 1:
             where = "; ".join(f"{s} on lines {', '.join(map(str, lines))}" for s, lines in sorted(by_split.items()))
             raise ManifestError(
-                f"receipt_id {receipt_id!r} is given more than one split ({where}); one receipt must stay in one split"
+                f"receipt_id {quoted(shortened(receipt_id))} is given more than one split ({shortened(where)}); "
+                "one receipt must stay in one split"
             )
         fixed[receipt_id] = next(iter(by_split))
     return fixed

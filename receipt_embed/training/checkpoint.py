@@ -222,6 +222,11 @@ def load_weights(module: torch.nn.Module, weights: dict, path, key: str = "model
             raise CheckpointError(
                 f"{path}: {key}.{name} has shape {_shape(weights[name])}, the architecture needs {_shape(tensor)}"
             )
+        if weights[name].dtype != tensor.dtype:  # load_state_dict casts: int64 weights would load as whole numbers
+            raise CheckpointError(
+                f"{path}: {key}.{name} holds {str(weights[name].dtype).removeprefix('torch.')} values, the "
+                f"architecture needs {str(tensor.dtype).removeprefix('torch.')}"
+            )
     extra = [name for name in weights if name not in wanted]
     if extra:
         raise CheckpointError(

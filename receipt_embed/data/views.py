@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import operator
+import random
 from collections.abc import Iterator
 
 import numpy as np
 import torch
+from albumentations.core.composition import BaseCompose
 from torch.utils.data import Dataset
 
 from receipt_embed.batch_layout import ANY, LAYOUTS, declared_layout, layout_problem
@@ -30,6 +32,20 @@ def view_seed(*parts: int) -> int:
     """A 32-bit seed from integers, stable across processes and platforms."""
     digest = hashlib.blake2b(np.asarray(parts, dtype=np.int64).tobytes(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
+
+
+def seed_view(transform, seed: int) -> None:
+    """Make ``transform``'s next view the one of ``seed``. An albumentations pipeline gets one
+    generator pair that all its steps draw from in turn: its own ``set_random_seed`` gives every
+    step a generator seeded alike, so every step draws the same numbers, and steps with the same
+    probability were always applied together or not at all (Perspective with Affine, colour
+    with JPEG: a view was either barely or heavily changed, never a mix). One pair is also
+    two generators to build per view instead of two per step. Other transforms: their own
+    ``set_random_seed``."""
+    if isinstance(transform, BaseCompose):
+        transform.set_random_state(np.random.default_rng(seed), random.Random(seed))
+    else:
+        transform.set_random_seed(seed)
 
 
 def to_tensor(image: np.ndarray, grayscale: bool) -> torch.Tensor:
@@ -60,7 +76,7 @@ class ViewDataset(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         index, seed = key
-        self.transform.set_random_seed(seed)
+        seed_view(self.transform, seed)
         view = self.transform(image=self.cache[index])["image"]
         if (
             self.image_size is not None

@@ -209,6 +209,14 @@ def test_checkpoint_errors(dataset, tmp_path):
         load_checkpoint(last)
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "nope.pt")
+    last.unlink()  # attack round 11: a run stopped before its first checkpoint said only "not found"
+    (tmp_path / "run" / "checkpoints" / "best.pt").unlink()
+    with pytest.raises(CheckpointError) as info:
+        train(config, dataset, tmp_path / "run", registry, resume=True, progress=False, log=lambda m: None)
+    assert str(info.value) == (
+        f"checkpoint not found: {last}; the run was stopped before it saved one, so there is nothing to resume: "
+        f"start it again with `receipt-embed train --data DATASET_DIR --out {tmp_path / 'run'} --force`"
+    )
 
 
 def test_cli_train_errors(cli, dataset, tmp_path):

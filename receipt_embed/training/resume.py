@@ -116,6 +116,11 @@ def open_run(run_dir, resume: bool, force: bool, world_size: int, config_dict: d
             f"cannot resume from {last}: it is a symbolic link (to {os.readlink(last)}), not a checkpoint "
             "this run wrote; copy the file in its place if it is the one to continue from"
         )
+    if not os.path.lexists(last) and Path(run_dir).is_dir() and (Path(run_dir) / "config.yaml").exists():
+        raise CheckpointError(  # a run stopped before its first checkpoint: nothing to continue
+            f"checkpoint not found: {last}; the run was stopped before it saved one, so there is nothing to "
+            f"resume: start it again with `receipt-embed train --data DATASET_DIR --out {run_dir} --force`"
+        )
     state = load_checkpoint(last)
     if config_dict is not None:
         check_resume_config(state["config"], config_dict, last)

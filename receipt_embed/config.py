@@ -358,11 +358,32 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
     return layers
 
 
-def _validate(layers: list) -> Config:
+def _source_of(key: str, layers: list, sources: Sequence[str]) -> str | None:
+    """Which layer (the defaults, a config file, an override) last gives ``key`` (dotted), if any."""
+    for layer, source in reversed(list(zip(layers, sources))):
+        node = OmegaConf.to_container(layer, resolve=False)
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            return source
+    return None
+
+
+_MISSING = object()
+
+
+def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
     try:
         merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot resolve the config: {shortened(str(exc).strip().splitlines()[0])}") from None
+        problem = shortened(str(exc).strip().splitlines()[0])
+        key = getattr(exc, "full_key", None)
+        if key:  # an interpolation that names a missing key or variable: say whose value it is
+            source = _source_of(key, layers, sources) if len(sources) == len(layers) else None
+            raise ConfigError(
+                f"config key '{key}'{f' (from {source})' if source else ''} cannot be resolved: {problem}"
+            ) from None
+        raise ConfigError(f"cannot resolve the config: {problem}") from None
     except TypeError as exc:  # `--set data.image_size[0]=32`: a mapping merged into a list
         raise ConfigError(
             f"cannot merge the config: {shortened(str(exc).strip().splitlines()[0])}; a list such as "
@@ -387,11 +408,14 @@ def load_config(config_file: str | Path | Sequence[str | Path] | None = None, ov
     """Merge defaults, optional user file(s) (later ones win) and ``key.path=value``
     overrides; validate."""
     layers = [OmegaConf.create(_load_yaml(Path(str(DEFAULT_CONFIG))))]
+    sources = ["the packaged defaults"]
     files = [] if config_file is None else [config_file] if isinstance(config_file, (str, Path)) else list(config_file)
     for path in files:
         layers.append(OmegaConf.create(_load_yaml(Path(path))))
+        sources.append(f"config file {path}")
     layers.extend(_parse_overrides(overrides))
-    return _validate(layers)
+    sources.extend(f"--set '{shortened(item)}'" for item in overrides)
+    return _validate(layers, sources)
 
 
 def config_to_yaml(config: Config) -> str:

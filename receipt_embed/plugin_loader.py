@@ -50,6 +50,12 @@ class PluginLoadWarning(UserWarning):
     """A plugin failed to load and was skipped."""
 
 
+# what a plugin's own code may raise while it loads or registers: an exit or a Ctrl-C it raises
+# itself is a failure of that plugin, never a silent end of the command (a real stop signal
+# still stops it: see PluginLoader._fail)
+PLUGIN_RAISES = (Exception, SystemExit, KeyboardInterrupt)
+
+
 def disabled_plugins() -> set[str]:
     raw = os.environ.get(DISABLE_ENV, "")
     return {name.strip() for name in raw.split(",") if name.strip()}
@@ -100,6 +106,12 @@ class PluginLoader:
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
+        from receipt_embed.stops import StoppedBySignal, received
+
+        if isinstance(exc, StoppedBySignal) or (isinstance(exc, (SystemExit, KeyboardInterrupt)) and received):
+            raise exc  # a real stop signal arrived while the plugin loaded: stop, do not blame the plugin
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):  # the plugin's own: it must not end the command
+            exc = RuntimeError(f"it raised {type(exc).__name__}({', '.join(map(repr, exc.args))}) while loading")
         detail = (
             str(exc)
             if type(exc).__module__.split(".")[0] == "receipt_embed"  # our own messages read whole
@@ -201,7 +213,7 @@ class PluginLoader:
             )
             try:
                 module = ep.load()
-            except Exception as exc:
+            except PLUGIN_RAISES as exc:
                 self._fail(ep.name, exc)
                 continue
             self._register(module, info)
@@ -229,7 +241,7 @@ class PluginLoader:
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[module_name] = module
                 exec(compile(source, str(path), "exec"), module.__dict__)
-            except Exception as exc:
+            except PLUGIN_RAISES as exc:
                 sys.modules.pop(module_name, None)
                 missing = getattr(exc, "name", None)
                 if isinstance(exc, ModuleNotFoundError) and missing and (folder / f"{missing}.py").is_file():
@@ -261,7 +273,7 @@ class PluginLoader:
                     impl.function(register=register)
                 except ComponentClash:
                     raise  # two plugins claim one name: the user has to choose
-                except Exception as exc:
+                except PLUGIN_RAISES as exc:
                     self.registry.drop_plugin(plugin)
                     self._fail(plugin, exc)
 

@@ -76,7 +76,10 @@ def test_resolved_config_round_trips(tmp_path):
         ("model.pooling=max", "config key 'model.pooling': Input should be 'gap' or 'grid'"),
         ("noequals", "--set expects key.path=value, got 'noequals'"),
         ("model.grid=[4,2", "cannot parse --set 'model.grid=[4,2'"),
-        ("model.encoder=${nope}", "cannot resolve the config: Interpolation key 'nope' not found"),
+        (
+            "model.encoder=${nope}",
+            "config key 'model.encoder' (from --set 'model.encoder=${nope}') cannot be resolved: Interpolation key 'nope' not found",
+        ),
     ],
 )
 def test_bad_config_names_the_key(override, message):
@@ -282,3 +285,18 @@ def test_an_override_nested_without_end_or_with_aliases_is_refused_like_a_file(v
         if "&x" not in value
         else "YAML aliases (*x) are not allowed in a config; write the values out"
     )
+
+
+def test_an_interpolation_that_cannot_resolve_names_its_key_and_where_it_came_from(tmp_path):
+    """Attack round 12: `${nope.missing}` or an unset `${oc.env:...}` said only "cannot resolve the
+    config: Interpolation key 'nope.missing' not found", naming neither the key nor its source."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["train.epochs=3", "train.seed=${nope.missing}"])
+    assert str(info.value) == (
+        "config key 'train.seed' (from --set 'train.seed=${nope.missing}') cannot be resolved: "
+        "Interpolation key 'nope.missing' not found"
+    )
+    (tmp_path / "c.yaml").write_text("loss:\n  temperature: ${oc.env:RECEIPT_EMBED_UNSET_FOR_TEST}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert str(info.value).startswith(f"config key 'loss.temperature' (from config file {tmp_path / 'c.yaml'}) cannot")

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from receipt_embed import hookspecs
 from receipt_embed.plugin_manager import PluginLoader, PluginLoadError, PluginLoadWarning
@@ -1106,3 +1107,18 @@ def test_a_plugin_name_with_a_backslash_is_escaped_once(cli, tmp_path):
     _write(folder, "bad\\name.py", BROKEN)
     result = _plugins_json(cli, tmp_path, plugins_dir=folder)
     assert "Warning: plugin 'bad\\\\name' failed to load" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("raised", ["SystemExit(0)", "KeyboardInterrupt()"])
+def test_a_plugin_that_exits_while_loading_is_a_failed_plugin_not_the_end_of_the_command(tmp_path, raised):
+    """Attack round 12: a folder plugin raising SystemExit(0) at import made every command do
+    nothing and exit 0; one raising KeyboardInterrupt printed click's "Aborted!" (exit 1)."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "quitter.py").write_text(f"raise {raised}\n")
+    result = run_cli("--plugins-dir", tmp_path / "plugins", "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    name = raised.split("(")[0]
+    assert f"Warning: plugin 'quitter' failed to load and was skipped: RuntimeError: it raised {name}(" in result.stderr
+    assert "supcon" in result.stdout
+    result = run_cli("--plugins-dir", tmp_path / "plugins", "--strict-plugins", "plugins")
+    assert result.returncode == 2 and "plugin 'quitter' failed to load (--strict-plugins)" in result.stderr

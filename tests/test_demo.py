@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,3 +91,40 @@ def test_a_demo_stopped_in_training_exits_130_saying_how_to_go_on(tmp_path):
         f"the demo's index and audit were not made: run it again with `receipt-embed demo --out {out} --force`" in err
     )
     assert f"`receipt-embed train --out {out / 'run'} --resume`" in err
+
+
+def test_a_set_too_small_to_audit_is_refused_before_any_training(tmp_path):
+    """Attack round 12: a 12-receipt set (1 held-out receipt) was ingested, trained and indexed, then
+    refused at the audit; the held-out count is known right after ingest."""
+    from receipt_embed.samples import make_samples
+
+    make_samples(tmp_path / "small", receipts=12, devices=3, seed=0)
+    result = run_cli("demo", "--out", tmp_path / "out", "--samples", tmp_path / "small", timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "gives 1 held-out receipt(s) of 12; the demo indexes and audits the held-out receipts" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dataset"]
+
+
+def test_a_demo_stopped_after_some_steps_says_which_parts_are_new(tmp_path, monkeypatch, capsys):
+    """Attack round 12: a SIGTERM between the training and the index steps printed "OUT left as it
+    was", though OUT's run was already the new one; the line now names the new and the old parts."""
+    from receipt_embed.cli import demo
+    from receipt_embed.stops import StoppedBySignal
+
+    def stopped(*args, **kwargs):
+        raise StoppedBySignal(143)
+
+    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_train_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_index_step", stopped)
+    with pytest.raises(StoppedBySignal) as info:
+        demo._run_demo(None, None, tmp_path / "out", tmp_path, quiet=True)
+    assert info.value.reported
+    assert capsys.readouterr().err == (
+        f"stopped by SIGTERM: the demo in {tmp_path / 'out'} replaced dataset, run; index, audit are the previous "
+        f"run's: run it again with `receipt-embed demo --out {tmp_path / 'out'} --force`\n"
+    )
+    monkeypatch.setattr(demo, "_ingest_step", stopped)  # before any step ended: the lock's own line says it
+    with pytest.raises(StoppedBySignal) as info:
+        demo._run_demo(None, None, tmp_path / "out", tmp_path, quiet=True)
+    assert not info.value.reported and capsys.readouterr().err == ""

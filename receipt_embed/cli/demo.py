@@ -11,6 +11,7 @@ import click
 
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
 from receipt_embed.errors import BadInput
+from receipt_embed.stops import StoppedBySignal
 
 
 def find_samples() -> Path | None:
@@ -152,11 +153,39 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
         source = out / "samples"
         click.echo(f"data_samples/ not found; generating sample receipts into {source}")
         make_samples(source, receipts=60, devices=3, seed=0)
-    _ingest_step(config, source, out, progress)
-    _train_step(config, registry, out, progress, quiet)
-    _index_step(config, registry, out, progress)
-    _audit_step(registry, out)
+    steps = (
+        ("dataset", lambda: _ingest_step(config, source, out, progress)),
+        ("run", lambda: _train_step(config, registry, out, progress, quiet)),
+        ("index", lambda: _index_step(config, registry, out, progress)),
+        ("audit", lambda: _audit_step(registry, out)),
+    )
+    done: list[str] = []
+    for part, step in steps:
+        try:
+            step()
+        except StoppedBySignal as stop:  # between or inside steps: say which parts of OUT are new
+            _say_stopped(stop, out, done)
+            raise
+        done.append(part)
     click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")
+
+
+def _say_stopped(stop, out: Path, done: list[str]) -> None:
+    """One line for a demo stopped by a signal: ``OUT left as it was`` is true only before its
+    first step ended; after that some parts are the new run's and the others the old ones."""
+    from receipt_embed.stops import signal_name
+
+    if not done:
+        return  # the lock of OUT (or of the part being written) says it in its own line
+    rest = [name for name in ("dataset", "run", "index", "audit") if name not in done]
+    print(
+        f"stopped by {signal_name(stop)}: the demo in {out} replaced {', '.join(done)}; "
+        f"{', '.join(rest)} {'is' if len(rest) == 1 else 'are'} the previous run's: run it again with "
+        f"`receipt-embed demo --out {out} --force`",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop.reported = True
 
 
 def _ingest_step(config, source: Path, out: Path, progress: bool) -> None:
@@ -165,6 +194,13 @@ def _ingest_step(config, source: Path, out: Path, progress: bool) -> None:
     click.echo(f"[1/4] ingest {source} -> {out / 'dataset'}")
     result = ingest(source, out / "dataset", config.ingest, progress=progress, force=True)
     click.echo(result.summary())
+    heldout = result.report["per_split"].get("heldout", {}).get("identities", 0)
+    if heldout < 2:  # known now, not after training: the index and the audit hold the held-out receipts
+        raise InputError(
+            f"{source} gives {heldout} held-out receipt(s) of {result.report['counts']['identities']}; the demo "
+            "indexes and audits the held-out receipts and needs at least 2: use a set of 20 receipts or more, or "
+            "hold out more with --set 'ingest.split_ratios=[0.6,0.1,0.3]'"
+        )
 
 
 def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> None:

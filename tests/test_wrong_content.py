@@ -598,3 +598,35 @@ def test_a_jsonl_manifest_row_giving_a_key_twice_is_refused(tmp_path):
         ingest(tmp_path / "m.jsonl", tmp_path / "ds")
     assert str(info.value) == f"{tmp_path / 'm.jsonl'}, line 2: invalid JSON (key 'split' is given twice in one object)"
     assert not (tmp_path / "ds").exists()
+
+
+def test_items_swapped_or_shards_crossed_are_refused_against_their_dataset(trained, tmp_path):
+    """Attack round 12: two rows of items.jsonl swapped (checksums recomputed) loaded fine and
+    `search` named the wrong receipt at similarity 1.000; a shard holding another shard's rows
+    merged into an index listing 12 captures twice. Items are checked against the rows of the
+    dataset they were built from, while that dataset's manifest is unchanged."""
+    from receipt_embed.indexing.index_dir import sha256_file
+
+    dataset, checkpoint = trained / "dataset", trained / "run" / "checkpoints" / "best.pt"
+    index = tmp_path / "ix"
+    assert run_cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", index, "-q").returncode == 0
+    lines = (index / "items.jsonl").read_text().splitlines(keepends=True)
+    (index / "items.jsonl").write_text("".join([lines[1], lines[0], *lines[2:]]))
+    reseal(index, "items.jsonl")
+    with pytest.raises(IndexDirError) as info:
+        load_index_dir(index)
+    first = json.loads(lines[1])["path"]
+    assert str(info.value).startswith(f"{index / 'items.jsonl'}, row 1: {first!r} is not the capture its dataset")
+
+    for shard in ("0/2", "1/2"):
+        result = run_cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", shard, "-q",
+                         "--out", tmp_path / f"s{shard[0]}")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    crossed = tmp_path / "s1" / "items.jsonl"
+    crossed.write_bytes((tmp_path / "s0" / "items.jsonl").read_bytes())
+    meta = json.loads((tmp_path / "s1" / "shard.json").read_text())
+    meta["files"]["items.jsonl"] = sha256_file(crossed)
+    (tmp_path / "s1" / "shard.json").write_text(json.dumps(meta))
+    result = run_cli("index-merge", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "merged")
+    _one_clean_error(result, f"{crossed}, row 1: ", "is not the capture its dataset lists there")
+    assert not (tmp_path / "merged").exists()

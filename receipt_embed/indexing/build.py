@@ -95,7 +95,13 @@ def _index_dataset(
     from receipt_embed.embedding import load_model
 
     captures = _present_captures(data_dir, split)
-    source = {**checkpoint_source(checkpoint), "dataset": str(Path(data_dir).resolve()), "split": split}
+    source = {
+        **checkpoint_source(checkpoint),
+        "dataset": str(Path(data_dir).resolve()),
+        # the manifest the items come from: loading checks them against it while it is unchanged
+        "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"),
+        "split": split,
+    }
     loaded = load_model(checkpoint, registry)
     if shard is not None:
         return _index_shard(loaded, captures, data_dir, out, source, shard, features, batch_size, progress, log, force)
@@ -142,7 +148,6 @@ def _index_shard(loaded, captures, data_dir, out, source, shard, features, batch
     )
     meta = {
         **source,
-        "dataset_sha256": sha256_file(Path(data_dir) / "manifest.jsonl"),
         "features": features,
         "shard": shard[0],
         "shards": shard[1],

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.display import shortened
+
 FEATURES = (None, "backbone", "head")
 SOURCE_STRINGS = (
     "kind",
@@ -20,6 +22,7 @@ SOURCE_STRINGS = (
     "embeddings_sha256",
     "manifest",
     "dataset",
+    "dataset_sha256",
     "split",
 )
 ITEM_STRINGS = ("path", "receipt_id")  # every item has them, as strings
@@ -199,3 +202,51 @@ def check_index_matches(index, embeddings: np.ndarray, meta: dict, index_path: P
             f"{index_path}: searching it for row {row} of embeddings.npy scores {best[bad[0]]:.4f}, "
             f"expected {wanted_range}: the index does not hold the stored vectors"
         )
+
+
+def dataset_rows(source: dict, rows: tuple[int, int] | None = None) -> list[dict] | None:
+    """The rows an index (or a shard: ``rows`` = start, end) was built from, read again from the
+    dataset dir its source names, when that dir still holds the very manifest it was built from
+    (same sha256); None when it cannot be told (no dataset recorded, moved or re-ingested)."""
+    import hashlib
+
+    from receipt_embed.data.dataset_dir import select_split
+    from receipt_embed.fileio import MAX_JSONL_BYTES, parse_jsonl
+    from receipt_embed.userfiles import UnusableFile, read_regular
+
+    if not isinstance(source.get("dataset"), str) or not isinstance(source.get("dataset_sha256"), str):
+        return None
+    manifest = Path(source["dataset"]) / "manifest.jsonl"
+    try:
+        data = read_regular(manifest, MAX_JSONL_BYTES)
+    except (UnusableFile, OSError):
+        return None
+    if hashlib.sha256(data).hexdigest() != source["dataset_sha256"]:
+        return None
+    try:
+        chosen = select_split(parse_jsonl(data, manifest), source.get("split", "all")).rows
+    except (ValueError, KeyError, TypeError):
+        return None
+    return chosen[rows[0] : rows[1]] if rows is not None else chosen
+
+
+def check_items_match_dataset(items: list[dict], source: dict, items_path: Path, error, rows=None) -> None:
+    """Each item is the dataset row it was built from, in order: an items.jsonl with rows swapped,
+    or a shard holding another shard's rows, would otherwise pass its recomputed checksums and
+    name the wrong receipt for a vector. Checked when the dataset dir is unchanged (dataset_rows)."""
+    from receipt_embed.indexing.build import item_of
+
+    expected = dataset_rows(source, rows)
+    if expected is None:
+        return
+    if len(expected) != len(items):
+        raise error(
+            f"{items_path} has {len(items)} items, but its dataset {source['dataset']} gives {len(expected)} "
+            f"captures for split {source.get('split')}: the index was edited"
+        )
+    for number, (item, row) in enumerate(zip(items, expected), start=1):
+        if item != item_of(row):
+            raise error(
+                f"{items_path}, row {number}: {shortened(repr(item.get('path')))} is not the capture its dataset "
+                f"lists there ({shortened(repr(row.get('path')))}): the index was edited; build it again"
+            )

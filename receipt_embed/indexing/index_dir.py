@@ -24,7 +24,13 @@ import numpy as np
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, parse_json, read_jsonl, sha256_file
-from receipt_embed.indexing.contents import check_embeddings, check_index_matches, check_items, check_meta_types
+from receipt_embed.indexing.contents import (
+    check_embeddings,
+    check_index_matches,
+    check_items,
+    check_items_match_dataset,
+    check_meta_types,
+)
 from receipt_embed.npyfile import BadNpyFile, load_npy
 from receipt_embed.userfiles import UnusableFile, open_regular, read_regular_text
 from receipt_embed.version import __version__
@@ -276,6 +282,7 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
     if problems:
         raise IndexDirError(f"{path}: index.json records {count} items of dim {dim}, but " + "; ".join(problems))
     check_index_matches(index, embeddings, meta, path / INDEX_FILE, IndexDirError)
+    check_items_match_dataset(items, meta["source"], path / ITEMS_FILE, IndexDirError)
     params = meta.get("search_params") or ""
     # only a setting `index` itself tunes over: faiss takes any number, and efSearch=-1 drops
     # neighbours silently while efSearch=2000000000 allocates without end

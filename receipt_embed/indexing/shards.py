@@ -153,11 +153,14 @@ def merge_shards(
 
 
 def _merge_shards(shard_dirs, out, *, factory, log, force, **build_options) -> dict:
+    from receipt_embed.indexing.contents import check_items_match_dataset
     from receipt_embed.indexing.factory import build_index
     from receipt_embed.indexing.index_dir import write_index_dir
 
     loaded = [(Path(p), *read_shard(p)) for p in shard_dirs]
     check_shards([(path, meta) for path, meta, _, _ in loaded])
+    for path, meta, _, shard_items in loaded:  # each shard holds its own rows, not another's
+        check_items_match_dataset(shard_items, meta, path / ITEMS_FILE, IndexDirError, rows=tuple(meta["rows"]))
     loaded.sort(key=lambda entry: entry[1]["shard"])
     vectors = np.concatenate([v for _, _, v, _ in loaded])
     items = [item for _, _, _, shard_items in loaded for item in shard_items]

@@ -209,9 +209,14 @@ class Registry:
             raise
         except ValueError as exc:  # the factory rejected a parameter value: say whose
             raise ComponentError(f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}): {exc}") from exc
-        except Exception as exc:  # a plugin bug: name it instead of a traceback through our code
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a plugin bug: name it, not a traceback
+            from receipt_embed.stops import StoppedBySignal, received
+
+            if isinstance(exc, StoppedBySignal) or (not isinstance(exc, Exception) and received):
+                raise  # a real stop signal arrived while the factory ran
             raise ComponentError(
-                f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}) failed to build: {type(exc).__name__}: {exc}"
+                f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}) failed to build: "
+                f"{type(exc).__name__}: {_described(exc)}"
             ) from exc
 
     def create_with(self, kind: str, name: str, framework: dict[str, Any], params: dict[str, Any]) -> Any:
@@ -231,3 +236,11 @@ class Registry:
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.components[kind])
+
+
+def _described(exc: BaseException) -> str:
+    """``str(exc)``, or a note that it cannot be shown (a plugin's exception whose __str__ raises)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - any failure of foreign code here is only a worse message
+        return "(its message cannot be shown)"

@@ -23,11 +23,15 @@ def reseal(index_dir: Path, name: str) -> None:
 
 
 def rewrite_items(index_dir: Path, change) -> None:
-    """Apply ``change(row, item)`` (returns the new item) to every row of items.jsonl, resealed."""
+    """Apply ``change(row, item)`` (returns the new item) to every row of items.jsonl, resealed, and
+    drop the dataset's sha256 from index.json's source as a forger would: with it, rows that are
+    not the dataset's are refused before any other check (tests/test_wrong_content.py tests that),
+    and these tests are about the checks behind it."""
     path = index_dir / "items.jsonl"
     items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     path.write_text("".join(json.dumps(change(row, item)) + "\n" for row, item in enumerate(items)))
     reseal(index_dir, "items.jsonl")
+    edit_meta(index_dir, lambda meta: meta["source"].pop("dataset_sha256", None))
 
 
 def edit_meta(index_dir: Path, change) -> None:

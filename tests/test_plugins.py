@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from receipt_embed import hookspecs
+from receipt_embed import hookspecs, plugin_manager
 from receipt_embed.plugin_manager import PluginLoader, PluginLoadError, PluginLoadWarning
 from receipt_embed.registry import ComponentError, Registry
 
@@ -1122,3 +1122,24 @@ def test_a_plugin_that_exits_while_loading_is_a_failed_plugin_not_the_end_of_the
     assert "supcon" in result.stdout
     result = run_cli("--plugins-dir", tmp_path / "plugins", "--strict-plugins", "plugins")
     assert result.returncode == 2 and "plugin 'quitter' failed to load (--strict-plugins)" in result.stderr
+
+
+def test_a_factory_that_exits_is_a_component_error_naming_it(tmp_path):
+    """A loss factory raising SystemExit(0) would have ended `train` silently with exit 0."""
+    from receipt_embed.errors import ComponentError
+
+    (tmp_path / "quitting.py").write_text(
+        "from receipt_embed.hookspecs import hookimpl\n\n"
+        "class Loud(Exception):\n    def __str__(self):\n        raise RuntimeError('no message')\n\n"
+        "def quit(**params):\n    raise SystemExit(0)\n\n"
+        "def loud(**params):\n    raise Loud()\n\n"
+        "@hookimpl\ndef register_losses(register):\n"
+        "    register('quitting', quit)\n    register('loud', loud)\n"
+    )
+    registry = plugin_manager.get_registry(tmp_path)
+    with pytest.raises(ComponentError) as info:
+        registry.create("loss", "quitting")
+    assert str(info.value) == "loss 'quitting' (from plugin 'quitting') failed to build: SystemExit: 0"
+    with pytest.raises(ComponentError) as info:
+        registry.create("loss", "loud")
+    assert str(info.value).endswith("failed to build: Loud: (its message cannot be shown)")

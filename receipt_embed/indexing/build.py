@@ -11,19 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from receipt_embed.errors import BadInput
+from receipt_embed.indexing.contents import item_of
 from receipt_embed.indexing.factory import build_index
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
 from receipt_embed.locking import write_lock
 from receipt_embed.outdir import check_replaceable, refuse_own_input
 from receipt_embed.training.checkpoint import MAX_CHECKPOINT_BYTES
-
-# bookkeeping columns of a dataset dir's manifest.jsonl that say nothing about the capture
-# (mtime_ns only serves to detect files replaced since ingest)
-_INTERNAL = ("manifest_path", "line", "mtime_ns")
-
-
-def item_of(row: dict) -> dict:
-    return {key: value for key, value in row.items() if key not in _INTERNAL}
 
 
 def checkpoint_source(checkpoint: str | Path) -> dict:

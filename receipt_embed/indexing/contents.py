@@ -13,6 +13,16 @@ import numpy as np
 
 from receipt_embed.display import shortened
 
+# bookkeeping columns of a dataset dir's manifest.jsonl that say nothing about the capture
+# (mtime_ns only serves to detect files replaced since ingest)
+_INTERNAL = ("manifest_path", "line", "mtime_ns")
+
+
+def item_of(row: dict) -> dict:
+    """The index item of a dataset (or manifest) row: the row without ingest's bookkeeping."""
+    return {key: value for key, value in row.items() if key not in _INTERNAL}
+
+
 FEATURES = (None, "backbone", "head")
 SOURCE_STRINGS = (
     "kind",
@@ -234,8 +244,6 @@ def check_items_match_dataset(items: list[dict], source: dict, items_path: Path,
     """Each item is the dataset row it was built from, in order: an items.jsonl with rows swapped,
     or a shard holding another shard's rows, would otherwise pass its recomputed checksums and
     name the wrong receipt for a vector. Checked when the dataset dir is unchanged (dataset_rows)."""
-    from receipt_embed.indexing.build import item_of
-
     expected = dataset_rows(source, rows)
     if expected is None:
         return

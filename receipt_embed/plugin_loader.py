@@ -53,7 +53,7 @@ class PluginLoadWarning(UserWarning):
 # what a plugin's own code may raise while it loads or registers: an exit or a Ctrl-C it raises
 # itself is a failure of that plugin, never a silent end of the command (a real stop signal
 # still stops it: see PluginLoader._fail)
-PLUGIN_RAISES = (Exception, SystemExit, KeyboardInterrupt)
+PLUGIN_RAISES = (BaseException,)
 
 
 def disabled_plugins() -> set[str]:
@@ -106,11 +106,11 @@ class PluginLoader:
             self.pm.set_blocked(name)
 
     def _fail(self, name: str, exc: BaseException) -> None:
-        from receipt_embed.stops import StoppedBySignal, received
+        from receipt_embed.stops import is_real_stop
 
-        if isinstance(exc, StoppedBySignal) or (isinstance(exc, (SystemExit, KeyboardInterrupt)) and received):
+        if is_real_stop(exc):
             raise exc  # a real stop signal arrived while the plugin loaded: stop, do not blame the plugin
-        if isinstance(exc, (SystemExit, KeyboardInterrupt)):  # the plugin's own: it must not end the command
+        if not isinstance(exc, Exception):  # the plugin's own exit or interrupt: it must not end the command
             exc = RuntimeError(f"it raised {type(exc).__name__}({', '.join(map(repr, exc.args))}) while loading")
         detail = (
             str(exc)

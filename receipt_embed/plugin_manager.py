@@ -58,7 +58,11 @@ def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> 
             args = [kwargs[name] for name in impl.argnames]
             optional = {name: kwargs[name] for name in getattr(impl, "kwargnames", ()) if name in kwargs}
             results[impl.plugin_name] = impl.function(*args, **optional)
-        except Exception as exc:
+        except BaseException as exc:  # an exit a hook raises is its failure, never the end of training
+            from receipt_embed.stops import is_real_stop
+
+            if is_real_stop(exc):
+                raise
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             at = f" ({where})" if where else ""
             if registry.strict:

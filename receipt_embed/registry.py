@@ -99,9 +99,10 @@ def _mistyped_number(factory, params: dict) -> str | None:
     """Why a value cannot go to a parameter the factory annotates ``float`` or ``int`` (optionally
     ``| None``), or None: text such as ``nan`` read from ``--check-set x=nan``, NaN or infinity, a bool. A
     factory would compare with it and quietly never (or always) decide, or fail deep inside."""
+    target = getattr(factory, "signature_target", None)  # a lazy factory names what it builds
     try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
+        parameters = inspect.signature(target() if target else factory).parameters
+    except (TypeError, ValueError, ImportError, AttributeError):
         return None
     for key, value in params.items():
         if key not in parameters:
@@ -209,10 +210,10 @@ class Registry:
             raise
         except ValueError as exc:  # the factory rejected a parameter value: say whose
             raise ComponentError(f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}): {exc}") from exc
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a plugin bug: name it, not a traceback
-            from receipt_embed.stops import StoppedBySignal, received
+        except BaseException as exc:  # a plugin bug (an exit it raises too): name it, not a traceback
+            from receipt_embed.stops import is_real_stop
 
-            if isinstance(exc, StoppedBySignal) or (not isinstance(exc, Exception) and received):
+            if is_real_stop(exc):
                 raise  # a real stop signal arrived while the factory ran
             raise ComponentError(
                 f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}) failed to build: "

@@ -51,6 +51,12 @@ def raise_if_stopped() -> None:
         raise StoppedBySignal(received[-1])
 
 
+def is_real_stop(exc: BaseException) -> bool:
+    """Whether ``exc``, caught around a plugin's code, is a stop signal (to pass on) rather than
+    something the plugin raised itself (an exit, a KeyboardInterrupt, GeneratorExit: its failure)."""
+    return isinstance(exc, StoppedBySignal) or (not isinstance(exc, Exception) and bool(received))
+
+
 def is_repeat() -> bool:
     """Whether a stop signal arriving now repeats one already being handled: ``timeout`` sends
     SIGTERM to the command and then to its process group, so it lands twice. A repeat is ignored,

@@ -99,3 +99,16 @@ def test_capture_views_differ_between_draws():
     page[40:260:10, 10:130] = 0
     first, second = (transform(image=page)["image"] for _ in range(2))
     assert not np.array_equal(first, second)
+
+
+def test_builtin_parameters_take_numbers_of_their_annotated_kind():
+    """Attack round 13: `sampler.params.k=3.0` was an internal TypeError deep in the sampler and
+    `loss.params.tau_plus=false` trained with 0; the lazy built-in factories now show the registry
+    the annotations of what they build."""
+    from receipt_embed.errors import ComponentError
+
+    with pytest.raises(ComponentError, match=r"sampler 'pk' .*parameter 'k' takes a number \(int\), got '3.0'"):
+        REGISTRY.create("sampler", "pk", identities=[0, 0, 1, 1], batch_size=2, seed=0, k=3.0)
+    with pytest.raises(ComponentError, match=r"parameter 'tau_plus' takes a number \(float\), got 'False'"):
+        REGISTRY.create("loss", "debiased", tau_plus=False)
+    assert REGISTRY.create("loss", "debiased", tau_plus=0.2) is not None

@@ -1143,3 +1143,18 @@ def test_a_factory_that_exits_is_a_component_error_naming_it(tmp_path):
     with pytest.raises(ComponentError) as info:
         registry.create("loss", "loud")
     assert str(info.value).endswith("failed to build: Loud: (its message cannot be shown)")
+
+
+def test_a_hook_or_plugin_raising_an_exit_of_its_own_is_only_its_failure(tmp_path):
+    """Attack round 13: an on_epoch_end hook raising SystemExit(0) ended `train` after epoch 1 with exit
+    0; a plugin raising GeneratorExit at import was a traceback (exit 1)."""
+    from receipt_embed.plugin_manager import call_hook
+
+    (tmp_path / "quits.py").write_text(
+        "from receipt_embed.hookspecs import hookimpl\n\n@hookimpl\ndef on_epoch_end(epoch):\n    raise SystemExit(0)\n"
+    )
+    (tmp_path / "generator.py").write_text("raise GeneratorExit('x')\n")
+    with pytest.warns(PluginLoadWarning, match=r"plugin 'generator' failed to load .*GeneratorExit\('x'\)"):
+        registry = plugin_manager.get_registry(tmp_path)
+    with pytest.warns(Warning, match=r"plugin 'quits' failed in on_epoch_end \(epoch 1\): SystemExit: 0; going on"):
+        call_hook(registry, "on_epoch_end", where="epoch 1", epoch=1)

@@ -17,6 +17,20 @@ def build_pk(identities, batch_size, seed, **params):
     return PKSampler(identities, batch_size, seed, **params)
 
 
+def _sampler_class(name: str):
+    def target():
+        from receipt_embed.sampling import samplers
+
+        return getattr(samplers, name)
+
+    return target
+
+
+# their parameters' annotations, for the registry's checks (k=3.0 would fail deep inside)
+build_unique_identity.signature_target = _sampler_class("UniqueIdentitySampler")
+build_pk.signature_target = _sampler_class("PKSampler")
+
+
 @hookimpl
 def register_samplers(register):
     register(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,23 @@ def test_make_samples_from_scans_that_is_a_fifo_is_a_usage_error(cli, tmp_path):
     os.mkfifo(tmp_path / "scans")
     result = cli("make-samples", "--from-scans", tmp_path / "scans", "--out", tmp_path / "out", cwd=tmp_path)
     assert result.returncode == 2 and "is not a folder" in result.stderr and "internal" not in result.stderr
+
+
+def test_running_out_of_memory_is_one_line_and_exit_2_not_a_bug_report():
+    """Attack round 13: under `ulimit -v` every command's MemoryError read "internal error ... This is
+    a bug in receipt-embed" (exit 1); a memory limit is the machine's, and says what to shrink."""
+    script = (
+        "import sys, click\n"
+        "from receipt_embed import cli\n"
+        "@click.command()\n"
+        "def oom():\n"
+        "    raise MemoryError()\n"
+        "cli.COMMANDS['oom'] = ('__main__:oom', 'run out of memory')\n"
+        "sys.argv = ['receipt-embed', 'oom']\n"
+        "cli.run()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith("Error: out of memory (a memory limit such as `ulimit -v`, or too little RAM")
+    assert "internal error" not in result.stderr

@@ -57,6 +57,10 @@ _STRUCTURED = np.zeros(20, dtype=[("a", np.float32, (8,))])
 
 TAMPERED = {
     "count as a string": (lambda d: edit_meta(d, lambda m: m.update(count="20")), "index.json: count is a str"),
+    "unknown split": (  # attack round 13: it selected no dataset rows, so items went unchecked
+        lambda d: edit_meta(d, lambda m: m["source"].update(split="bogus")),
+        "index.json: source.split is a str ('bogus'), expected one of",
+    ),
     "negative dim": (lambda d: edit_meta(d, lambda m: m.update(dim=-1)), "index.json: dim is an int"),
     "factory a number": (lambda d: edit_meta(d, lambda m: m.update(factory=5)), "index.json: factory is an int"),
     "files a list": (lambda d: edit_meta(d, lambda m: m.update(files=[])), "index.json: files is a list"),

@@ -175,6 +175,13 @@ class LazyGroup(click.Group):
             click.echo(f"Error: {exc}", err=True)
             sys.exit(2)
         except Exception as exc:  # not bad input: a bug, told apart from bad input by exit code 1
+            if isinstance(exc, MemoryError) and not _debug:  # a limit (ulimit -v) or too little RAM, not a bug
+                click.echo(
+                    "Error: out of memory (a memory limit such as `ulimit -v`, or too little RAM for this job); "
+                    "raise the limit, or use a smaller data.image_size, --batch-size or dataset",
+                    err=True,
+                )
+                sys.exit(2)
             if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG and not _debug:  # the user's path
                 where = f"{shortened(os.fsdecode(exc.filename))}: " if exc.filename else ""
                 click.echo(printable(f"Error: {where}a name in this path is too long for the file system"), err=True)

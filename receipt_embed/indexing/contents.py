@@ -32,7 +32,6 @@ SOURCE_STRINGS = (
     "embeddings_sha256",
     "manifest",
     "dataset",
-    "dataset_sha256",
     "split",
 )
 ITEM_STRINGS = ("path", "receipt_id")  # every item has them, as strings
@@ -77,6 +76,9 @@ def check_meta_types(meta: dict, meta_path: Path, error) -> None:
             raise bad("source", key, wanted="a string")
     if meta["source"].get("dataset_sha256") is not None and not isinstance(meta["source"]["dataset_sha256"], str):
         raise bad("source", "dataset_sha256", wanted="a string or null")
+    if "split" in meta["source"] and meta["source"]["split"] not in ("train", "val", "heldout", "all"):
+        # an unknown split would select no dataset rows and skip the items-against-dataset check
+        raise bad("source", "split", wanted='one of "train", "val", "heldout", "all"')
 
 
 def _check_files_entry(meta: dict, bad) -> None:

@@ -337,12 +337,13 @@ def _load_yaml(path: Path) -> dict:
     return data
 
 
-def _parse_overrides(overrides: Sequence[str]) -> list:
+def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
+    """One config layer per ``key.path=value``; ``flag`` is the option that gave them, for messages."""
     layers = []
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
-            raise ConfigError(f"--set expects key.path=value, got '{shortened(item)}'")
-        where = f"--set '{shortened(item)}'"
+            raise ConfigError(f"{flag} expects key.path=value, got '{shortened(item)}'")
+        where = f"{flag} '{shortened(item)}'"
         try:
             _refuse_aliases(item.split("=", 1)[1], None, where)
             value = yaml.compose(item.split("=", 1)[1], Loader=yaml.SafeLoader)
@@ -354,7 +355,7 @@ def _parse_overrides(overrides: Sequence[str]) -> list:
             layers.append(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:
             first_line = str(exc).strip().splitlines()[0]
-            raise ConfigError(f"cannot parse --set '{shortened(item)}': {shortened(first_line)}") from None
+            raise ConfigError(f"cannot parse {where}: {shortened(first_line)}") from None
     return layers
 
 
@@ -395,13 +396,18 @@ def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
         raise ConfigError("; ".join(_explain(e) for e in exc.errors())) from None
 
 
-def config_with(config: Config, overrides: Sequence[str] = (), values: dict | None = None) -> Config:
+def config_with(
+    config: Config, overrides: Sequence[str] = (), values: dict | None = None, flag: str = "--set"
+) -> Config:
     """A validated copy of ``config`` with ``key.path=value`` overrides (parsed as ``--set``
-    parses them) and then ``values`` (a nested dict taken as it is, e.g. a path) applied."""
-    layers = [OmegaConf.create(config.model_dump(mode="json")), *_parse_overrides(overrides)]
+    parses them; ``flag`` names the option that gave them in messages) and then ``values`` (a
+    nested dict taken as it is, e.g. a path) applied."""
+    layers = [OmegaConf.create(config.model_dump(mode="json")), *_parse_overrides(overrides, flag)]
+    sources = ["the config", *(f"{flag} '{shortened(item)}'" for item in overrides)]
     if values:
         layers.append(OmegaConf.create(values))
-    return _validate(layers)
+        sources.append("the command")
+    return _validate(layers, sources)
 
 
 def load_config(config_file: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = ()) -> Config:

@@ -141,3 +141,22 @@ def test_running_out_of_memory_is_one_line_and_exit_2_not_a_bug_report():
     assert result.returncode == 2
     assert result.stderr.startswith("Error: out of memory (a memory limit such as `ulimit -v`, or too little RAM")
     assert "internal error" not in result.stderr
+
+
+def test_a_memory_limit_too_small_to_load_torch_is_one_line_and_exit_2(tmp_path):
+    """Attack round 13: under `ulimit -v 300000` importing torch fails with "libtorch_cpu.so: failed
+    to map segment from shared object", which was reported as an internal error (a bug)."""
+    import resource
+
+    def small_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (400 * 2**20, 400 * 2**20))
+
+    (tmp_path / "q.jpg").write_bytes(b"")
+    result = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", "search", str(tmp_path / "idx"), str(tmp_path / "q.jpg")],
+        capture_output=True, text=True, timeout=60, preexec_fn=small_limit,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: out of memory (a memory limit such as `ulimit -v`"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "internal error" not in result.stderr

@@ -300,3 +300,26 @@ def test_an_interpolation_that_cannot_resolve_names_its_key_and_where_it_came_fr
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "c.yaml")
     assert str(info.value).startswith(f"config key 'loss.temperature' (from config file {tmp_path / 'c.yaml'}) cannot")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("train.epochs=1,017", "--sweep 'train.epochs=017': 017 reads as 15 in YAML"),
+        ("train.epochs=1,x", "--sweep 'train.epochs=x': config key 'train.epochs': a positive whole number"),
+        ("nokey=1,2", "--sweep 'nokey=1': unknown config key 'nokey'"),
+        (
+            "loss.temperature=0.1,${nope}",
+            "config key 'loss.temperature' (from --sweep 'loss.temperature=${nope}') cannot be resolved",
+        ),
+    ],
+)
+def test_a_sweep_value_the_config_cannot_take_names_sweep_and_the_value(spec, message):
+    """Attack round 13: a bad --sweep value was reported as coming from --set."""
+    from receipt_embed.training.sweep import _swept, parse_sweep
+
+    key, values = parse_sweep(spec)
+    config = load_config()
+    with pytest.raises(ConfigError) as info:
+        [_swept(config, key, value) for value in values]
+    assert str(info.value).startswith(message) and "--set" not in str(info.value)

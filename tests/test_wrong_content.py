@@ -502,14 +502,20 @@ EDITS = {"added": _add_a_row, "duplicated": _duplicate_a_row, "deleted": _delete
 EDITS |= {"moved": _move_a_receipt, "relabelled": _relabel_a_row}
 
 
-def _edited_dataset(source, target, change, keep_report=True):
+def _edited_dataset(source, target, change, reseal=False):
+    """A copy of dataset dir ``source`` with ``change(rows)`` applied to its manifest; ``reseal``
+    records the edited manifest's sha256 in the report, as a forger would."""
+    import hashlib
+
     shutil.copytree(source, target)
     manifest = target / "manifest.jsonl"
     rows = [json.loads(line) for line in manifest.read_text().splitlines()]
     change(rows)
     manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    if not keep_report:
-        (target / "ingest_report.json").unlink()
+    if reseal:
+        report = json.loads((target / "ingest_report.json").read_text())
+        report["manifest_sha256"] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        (target / "ingest_report.json").write_text(json.dumps(report))
     return manifest
 
 
@@ -530,7 +536,7 @@ def test_train_and_index_refuse_a_manifest_edited_after_ingest(trained, tmp_path
     assert not (tmp_path / "ix").exists()
 
 
-UNSEALED = {  # the rules a dataset dir keeps even without its report (written by hand, or before the seal)
+UNSEALED = {  # the rules a dataset dir keeps even when its seal was recomputed over a hand-edited manifest
     "duplicated": (_duplicate_a_row, "is listed again (first on line 1)"),
     "split": (_split_a_receipt, "a receipt's captures must share one split"),
     "unknown split": (lambda rows: rows[0].update(split="test"), "line 1: unknown split 'test'"),
@@ -540,11 +546,33 @@ UNSEALED = {  # the rules a dataset dir keeps even without its report (written b
 
 
 @pytest.mark.parametrize("case", sorted(UNSEALED))
-def test_a_dataset_dir_without_its_report_is_still_checked_row_by_row(trained, tmp_path, case):
+def test_a_resealed_dataset_dir_is_still_checked_row_by_row(trained, tmp_path, case):
     change, message = UNSEALED[case]
-    manifest = _edited_dataset(trained / "dataset", tmp_path / "ds", change, keep_report=False)
+    manifest = _edited_dataset(trained / "dataset", tmp_path / "ds", change, reseal=True)
     result = run_cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "-q", "--set", "train.epochs=1")
     _one_clean_error(result, str(manifest), message)
+
+
+SEAL_OFF = {  # attack round 13: each switched the seal off, and a hand-edited manifest was trusted
+    "report deleted": (lambda report: None, "ingest_report.json is missing: a dataset dir is what"),
+    "report a list": (lambda report: [], "does not record the sha256 of manifest.jsonl"),
+    "seal null": (lambda report: {**report, "manifest_sha256": None}, "does not record the sha256 of manifest.jsonl"),
+    "seal dropped": (lambda report: {k: v for k, v in report.items() if k != "manifest_sha256"}, "does not record"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEAL_OFF))
+def test_a_dataset_dir_whose_seal_is_removed_is_refused(trained, tmp_path, case):
+    change, message = SEAL_OFF[case]
+    dataset = tmp_path / "ds"
+    _edited_dataset(trained / "dataset", dataset, _relabel_a_row)
+    report = change(json.loads((dataset / "ingest_report.json").read_text()))
+    (dataset / "ingest_report.json").unlink()
+    if report is not None:
+        (dataset / "ingest_report.json").write_text(json.dumps(report))
+    result = run_cli("train", "--data", dataset, "--out", tmp_path / "run", "-q", "--set", "train.epochs=1")
+    _one_clean_error(result, str(dataset / "ingest_report.json"), message, "re-run `receipt-embed ingest`")
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_unedited_dataset_dir_loads_and_its_seal_is_the_manifests_sha256(trained):

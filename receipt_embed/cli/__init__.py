@@ -175,7 +175,7 @@ class LazyGroup(click.Group):
             click.echo(f"Error: {exc}", err=True)
             sys.exit(2)
         except Exception as exc:  # not bad input: a bug, told apart from bad input by exit code 1
-            if isinstance(exc, MemoryError) and not _debug:  # a limit (ulimit -v) or too little RAM, not a bug
+            if _out_of_memory(exc) and not _debug:  # a limit (ulimit -v) or too little RAM, not a bug
                 click.echo(
                     "Error: out of memory (a memory limit such as `ulimit -v`, or too little RAM for this job); "
                     "raise the limit, or use a smaller data.image_size, --batch-size or dataset",
@@ -223,6 +223,18 @@ class LazyGroup(click.Group):
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """MemoryError, or a library that could not be loaded for want of memory: under a small
+    ``ulimit -v`` importing torch fails with "libtorch_cpu.so: failed to map segment from shared
+    object" (an ImportError), which is the limit, not a broken install."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
+    text = str(exc)
+    return isinstance(exc, ImportError) and ("failed to map segment" in text or "Cannot allocate memory" in text)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

@@ -64,20 +64,26 @@ def _load_dataset_dir_once(path: str | Path) -> list[dict]:
 def _check_seal(path: Path, manifest: Path, data: bytes) -> None:
     """Refuse a manifest.jsonl whose bytes differ from those ingest wrote beside its report: a
     row added, deleted, relabelled or moved to another split by hand would otherwise be trained
-    on and indexed as if ingest had checked it. Dirs without the record (written before ingest
-    kept one, or by hand without a report) are checked row by row only."""
+    on and indexed as if ingest had checked it. The record is part of a dataset dir: without it
+    (the report deleted, emptied or edited) the manifest cannot be told from a hand-made one."""
     report_path = path / REPORT_FILE
     try:
         report = parse_json(read_regular_text(report_path, MAX_JSONL_BYTES))
     except UnusableFile as exc:
         if exc.reason == "missing_file":
-            return
+            raise BadInput(
+                f"{report_path} is missing: a dataset dir is what `receipt-embed ingest` writes, its manifest.jsonl "
+                f"and the report that records the manifest's sha256; {REINGEST}"
+            ) from None
         raise
     except ValueError as exc:
         raise BadInput(f"{report_path}: not valid JSON ({shortened(str(exc))}); {REINGEST}") from None
     sealed = report.get("manifest_sha256") if isinstance(report, dict) else None
-    if sealed is None:
-        return
+    if not isinstance(sealed, str):
+        raise BadInput(
+            f"{report_path} does not record the sha256 of {MANIFEST_FILE} (written by hand, edited, or by a "
+            f"receipt-embed older than the record), so the manifest cannot be trusted as ingest checked it; {REINGEST}"
+        )
     if hashlib.sha256(data).hexdigest() != sealed:
         raise BadInput(
             f"{manifest} was changed after ingest wrote it (its sha256 differs from the one "

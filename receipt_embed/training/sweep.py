@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from receipt_embed.config import ConfigError, config_with
-from receipt_embed.display import quoted
+from receipt_embed.display import quoted, shortened
 from receipt_embed.fileio import atomic_write_json
 from receipt_embed.training.trainer import train
 
@@ -71,7 +71,7 @@ def run_sweep(
 
 def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) -> dict:
     key, values = parse_sweep(spec)
-    configs = [config_with(config, [f"{key}={value}"]) for value in values]  # validate all first
+    configs = [_swept(config, key, value) for value in values]  # validate all first
     out_dir = Path(out_dir)
     runs = []
     for value, config in zip(values, configs):
@@ -98,6 +98,15 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     }
     atomic_write_json(out_dir / SWEEP_FILE, summary)
     return summary
+
+
+def _swept(config, key: str, value: str):
+    """``config`` with ``key=value``; a value it cannot take is refused naming --sweep and the value."""
+    try:
+        return config_with(config, [f"{key}={value}"], flag="--sweep")
+    except ConfigError as exc:
+        where = f"--sweep '{shortened(f'{key}={value}')}'"
+        raise ConfigError(str(exc) if where in str(exc) else f"{where}: {exc}") from None
 
 
 def format_sweep(summary: dict) -> str:

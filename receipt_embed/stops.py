@@ -70,11 +70,39 @@ def is_repeat() -> bool:
     return False
 
 
+_deferred: list[int] = []  # a stop signal held back while an import ran; sent again shortly
+IMPORT_RETRY_S = 0.05  # how soon a stop that landed inside an import is delivered again
+
+
 def _raise_stop(signum, frame):
-    if is_repeat():
+    redelivered = bool(_deferred)
+    if not redelivered and is_repeat():
         return
-    received.append(128 + signum)
+    if not redelivered:
+        received.append(128 + signum)
+    if _inside_an_import(frame):
+        # an exception raised inside an import leaves the module half-initialised: numpy then
+        # recursed until RecursionError, and a C++ extension initialising (pybind11) aborted the
+        # process. The stop is recorded and sent again until it lands outside the import.
+        _deferred[:] = [signum]
+        threading.Timer(IMPORT_RETRY_S, _send_again, (signum,)).start()
+        return
+    _deferred.clear()
     raise StoppedBySignal(128 + signum)
+
+
+def _inside_an_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _send_again(signum: int) -> None:
+    import os
+
+    os.kill(os.getpid(), signum)
 
 
 @contextmanager

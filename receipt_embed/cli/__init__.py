@@ -175,6 +175,11 @@ class LazyGroup(click.Group):
             click.echo(f"Error: {exc}", err=True)
             sys.exit(2)
         except Exception as exc:  # not bad input: a bug, told apart from bad input by exit code 1
+            from receipt_embed.stops import received
+
+            if received and not _debug:  # the stop's exception arrived as another (a library wrapped it)
+                click.echo(f"stopped by {signal_name(StoppedBySignal(received[-1]))}", err=True)
+                sys.exit(received[-1])
             if _out_of_memory(exc) and not _debug:  # a limit (ulimit -v) or too little RAM, not a bug
                 click.echo(
                     "Error: out of memory (a memory limit such as `ulimit -v`, or too little RAM for this job); "

@@ -231,7 +231,7 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
             f"`receipt-embed train --out {out / 'run'} --resume`",
             err=True,
         )
-        raise SystemExit(130) from None
+        raise SystemExit(exc.code) from None
     click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
     atomic_write_json(out / "heldout_retrieval.json", figures)

@@ -12,7 +12,7 @@ def launch_torchrun(nproc: int, out: Path) -> int:
     """Re-run this command line under torchrun with ``nproc`` processes; returns its exit code.
 
     SIGINT/SIGTERM are passed on to torchrun (which stops the ranks; rank 0 saves last.pt)
-    and the launcher waits for it, then exits with 130 as a single-process run would. The
+    and the launcher waits for it, then exits with 128 + the signal's number (130, 143) as a single-process run would. The
     launcher holds the run dir's writer lock and tells the ranks so (``HELD_LOCKS_ENV``)."""
     import os
     import shlex
@@ -60,4 +60,4 @@ def launch_torchrun(nproc: int, out: Path) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 130 if received else code
+    return 128 + received[0] if received else code

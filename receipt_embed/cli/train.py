@@ -107,7 +107,7 @@ def worker_message(exc: Exception) -> str:
 def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_file, overrides):
     """Train an encoder so that captures of one receipt embed close together.
 
-    SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130); --resume continues.
+    SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130 for SIGINT, 143 for SIGTERM); --resume continues.
     --nproc N (or `torchrun --nproc-per-node N -m receipt_embed train ...`) splits each global
     batch over N processes; the loss still sees the whole batch. Needs --data.
     One writer per run dir: a second `train` into the same --out is refused while the first runs."""
@@ -251,7 +251,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     except TrainingInterrupted as exc:
         if int(os.environ.get("RANK", "0")) == 0:
             click.echo(str(exc), err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(exc.code) from None
     if world > 1:
         from receipt_embed.distributed import shutdown
 

@@ -51,7 +51,14 @@ __all__ = ["TrainResult", "Trainer", "TrainingDiverged", "TrainingInterrupted", 
 
 
 class TrainingInterrupted(RuntimeError):
-    """SIGINT or SIGTERM arrived; a checkpoint was saved to resume from."""
+    """SIGINT or SIGTERM arrived; a checkpoint was saved to resume from. ``code`` is the exit code
+    a shell expects of that signal (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signal_name: str | None = None):
+        super().__init__(message)
+        import signal
+
+        self.code = 128 + (signal.Signals[signal_name] if signal_name else signal.SIGINT)
 
 
 @dataclass
@@ -203,7 +210,8 @@ class Trainer(TrainingStep):
                 if any_rank(self.ctx, received) and self.epoch < epochs and not self.out_of_time:  # during evaluation
                     raise TrainingInterrupted(
                         f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
-                        f"after epoch {self.epoch}; continue with --resume"
+                        f"after epoch {self.epoch}; continue with --resume",
+                        received[0] if received else None,
                     )
         if self.out_of_time and result.metrics:
             self.log(budget_spent(self.config.train.max_minutes, result.metrics[-1], self.steps_per_epoch))
@@ -250,7 +258,8 @@ class Trainer(TrainingStep):
                 bar.close()
                 raise TrainingInterrupted(
                     f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
-                    f"at epoch {self.epoch + 1}, step {self.step}; continue with --resume"
+                    f"at epoch {self.epoch + 1}, step {self.step}; continue with --resume",
+                    received[0] if received else None,
                 )
         bar.close()
         self.sums["seconds"] += time.perf_counter() - started

@@ -145,12 +145,14 @@ def _ours_hidden(name: str) -> bool:
 
 # dirs written whole: nothing else may be written inside one, or replacing it would be refused
 # (or, for a nested dir of ours, lost); an index dir's own audit/ report dir is the one exception
-WHOLE = ("dataset", "index", "shard", "audit")
-NESTED_OK = {("index", "audit")}
+WHOLE = ("dataset", "index", "shard", "audit", "run")  # `train --force` replaces a run dir whole too
+# (enclosing kind, kind) -> the one name it may have there: INDEX/audit (any name), RUN/dataset (the
+# samples `train` ingests when no --data is given; a run's replacement keeps it)
+NESTED_OK = {("index", "audit"): None, ("run", "dataset"): "dataset"}
 
 
 def enclosing_dir(out: str | os.PathLike) -> tuple[Path, str] | None:
-    """The nearest folder above ``out`` that is a dataset, index, shard or audit dir of ours, and its kind."""
+    """The nearest folder above ``out`` that is a dataset, index, shard, audit or run dir of ours, and its kind."""
     out = Path(os.path.abspath(out))
     for parent in [*out.parents, *Path(out).resolve().parents]:
         for kind in WHOLE:
@@ -165,7 +167,12 @@ def refuse_nested(out: str | os.PathLike, kind: str) -> None:
     if found is None:
         return
     parent, parent_kind = found
-    if (parent_kind, kind) in NESTED_OK and Path(os.path.abspath(out)).parent == parent:
+    where = Path(os.path.abspath(out))
+    if (
+        (parent_kind, kind) in NESTED_OK
+        and where.parent == parent
+        and NESTED_OK[parent_kind, kind] in (None, where.name)
+    ):
         return
     raise BadInput(
         f"--out {out} is inside {WHAT[parent_kind]} ({parent}); that dir is replaced whole by the "

@@ -347,7 +347,7 @@ def test_all_pairs_out_never_goes_inside_our_dirs_nor_over_a_file_it_did_not_wri
         content = victim.read_bytes()
         result = cli(*pairs, "--out", victim, "--force")
         assert result.returncode == 2, result.stderr
-        assert "is not a pairs CSV that search wrote" in result.stderr or "is inside a dataset dir" in result.stderr
+        assert any(words in result.stderr for words in ("is inside a run dir", "is inside a dataset dir"))
         assert victim.read_bytes() == content
     assert {ds: tree_digest(ds), other: tree_digest(other)} == before
     mine = tmp_path / "pairs.csv"
@@ -533,3 +533,33 @@ def test_an_out_dir_that_is_a_mount_point_is_one_clear_line(tmp_path):
         assert list(mount.iterdir()) == [] and not list(tmp_path.glob(".mnt.*"))
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("kind", ["dataset", "index", "shard", "audit", "samples", "pairs", "run"])
+def test_nothing_is_written_inside_a_run_dir_that_train_force_replaces_whole(tmp_path, kind):
+    """Attack round 14: `index`, `ingest`, `make-samples`, `audit-shortcuts` and `search --all-pairs`
+    accepted an --out inside a run dir, and the next `train --force` deleted them without a word.
+    Only RUN/dataset (the samples `train` ingests itself, which a replacement keeps) is allowed."""
+    from receipt_embed.errors import BadInput
+    from receipt_embed.outdir import refuse_nested
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    for out in (run / "out", run / "checkpoints" / "out"):
+        with pytest.raises(BadInput) as info:
+            refuse_nested(out, kind)
+        assert str(info.value).startswith(f"--out {out} is inside a run dir ({run}); that dir is replaced whole")
+    if kind == "dataset":
+        refuse_nested(run / "dataset", kind)  # allowed
+        with pytest.raises(BadInput):
+            refuse_nested(run / "dataset" / "x", kind)
+
+
+def test_ingest_into_a_run_dir_is_refused_and_the_run_is_untouched(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"weights")
+    result = run_cli("ingest", REPO / "data_samples", "--out", run / "ds")
+    assert result.returncode == 2 and f"--out {run / 'ds'} is inside a run dir ({run})" in result.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]

@@ -362,6 +362,30 @@ def test_cli_reports_unreadable_scans_as_usage_errors(tmp_path):
     assert "bad.png" in result.output
 
 
+def test_a_scan_that_decodes_to_more_pixels_than_ingest_takes_is_refused_from_its_header(tmp_path):
+    """Attack round 14: `make-samples --from-scans` decoded scans up to PIL's 179 Mpx (it only warns
+    above 89 Mpx): a 17 KB 1-bit PNG of 12000 x 12000 took 754 MB and a 734 KB one 3.5 GB."""
+    import resource
+    import subprocess
+    import sys
+
+    (tmp_path / "scans").mkdir()
+    Image.new("1", (12000, 12000)).save(tmp_path / "scans" / "bomb.png")
+    assert (tmp_path / "scans" / "bomb.png").stat().st_size < 100_000
+
+    def small_memory():  # decoding 144 Mpx needs more than this; reading the header does not
+        resource.setrlimit(resource.RLIMIT_AS, (1500 * 2**20, 1500 * 2**20))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", "make-samples", "--from-scans", str(tmp_path / "scans"),
+         "--out", str(tmp_path / "set"), "-q"],
+        capture_output=True, text=True, timeout=120, preexec_fn=small_memory,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"scan {tmp_path / 'scans' / 'bomb.png'}: 12000x12000 = 144000000 pixels exceeds the limit" in result.stderr
+    assert "out of memory" not in result.stderr and not (tmp_path / "set").exists()
+
+
 def test_cli_help_lists_the_options():
     result = CliRunner().invoke(main, ["make-samples", "--help"])
     assert result.exit_code == 0

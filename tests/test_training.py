@@ -259,6 +259,19 @@ def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
     assert "<- selected" in result.stdout and "losses at different values are not compared" in result.stdout
     bad = cli("train", "--data", dataset, "--out", tmp_path / "bad", "--sweep", "loss.temperature=0.1")
     assert bad.returncode == 2 and "--sweep expects key=value1,value2" in bad.stderr
+    # attack round 14: an existing run of a later value was refused only after the earlier values trained
+    record = (tmp_path / "sweep" / "sweep.json").read_bytes()
+    again = cli(
+        "train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, "--sweep", "loss.temperature=0.5,0.3"
+    )
+    assert (
+        again.returncode == 2 and f"{tmp_path / 'sweep' / 'loss.temperature=0.3'} already holds a run" in again.stderr
+    )
+    assert not (tmp_path / "sweep" / "loss.temperature=0.5").exists()
+    assert (tmp_path / "sweep" / "sweep.json").read_bytes() == record
+    # and a sweep dir given to a plain train is named as one, not as a folder of someone else's files
+    plain = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, "--force")
+    assert plain.returncode == 2 and "is a sweep dir (a run dir per value, KEY=VALUE), not a run dir" in plain.stderr
 
 
 def test_bf16_autocast_trains_with_float32_weights(dataset, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 from conftest import REPO, builtin_registry, run_cli, train_tiny
 from tamper import copy_index, edit_meta, reseal, rewrite_items
 
+from receipt_embed.errors import BadInput
 from receipt_embed.indexing import IndexDirError, index_embeddings, load_index_dir
 from receipt_embed.training.checkpoint import CheckpointError, save_checkpoint
 
@@ -346,6 +348,23 @@ def test_index_merge_names_edited_shards(tmp_path, change, message):
     assert not (tmp_path / "merged").exists()
 
 
+@pytest.mark.parametrize("name", ["/etc/hostname", "../s0/items.jsonl", "notes.txt"])
+def test_a_shard_json_naming_other_files_is_refused_without_opening_them(tmp_path, name):
+    """Attack round 14: index-merge opened and hashed every path shard.json's files named (/etc/shadow,
+    ../..), a yes/no oracle on any file's sha256 and a read of any size; only the shard's own two load."""
+    import hashlib
+
+    shards = _shards(tmp_path)
+    target = Path(name) if name.startswith("/") else shards[1] / name
+    digest = hashlib.sha256(target.read_bytes()).hexdigest() if target.is_file() else "0" * 64
+    _edit_shard(shards[1], lambda meta: meta["files"].update({name: digest}))
+    result = run_cli("index-merge", *shards, "--out", tmp_path / "merged", "-q")
+    named = ", ".join(repr(n) for n in sorted([name, "embeddings.npy", "items.jsonl"]))
+    _one_clean_error(result, str(shards[1] / "shard.json"), f"files names {named}")
+    assert "a shard holds exactly embeddings.npy and items.jsonl" in result.stderr
+    assert not (tmp_path / "merged").exists()
+
+
 @pytest.mark.parametrize(
     "change,message",
     [
@@ -662,3 +681,23 @@ def test_items_swapped_or_shards_crossed_are_refused_against_their_dataset(train
     result = run_cli("index-merge", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "merged")
     _one_clean_error(result, f"{crossed}, row 1: ", "is not the capture its dataset lists there")
     assert not (tmp_path / "merged").exists()
+
+
+@pytest.mark.parametrize("key, value", [("device", [1, 2]), ("split", {"a": 1}), ("sha256", True), ("receipt_id", [])])
+def test_index_embeddings_refuses_a_manifest_value_its_readers_cannot_take(tmp_path, key, value):
+    """Attack round 14: `index --embeddings` wrote a list-valued device (or a non-text split or sha256)
+    from a JSON-lines manifest into items.jsonl and exited 0; every reader then refused the index,
+    naming items.jsonl instead of the manifest line to fix. Numbers are taken as their digits."""
+    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{i // 2}", "device": "d", "split": "heldout"} for i in range(6)]
+    rows[3][key] = value
+    rows[4]["device"] = 7
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32))
+    with pytest.raises(BadInput) as info:
+        index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
+    assert str(info.value).startswith(f"{tmp_path / 'm.jsonl'}, line 4: {key} is {json.dumps(value)}, expected text")
+    assert not (tmp_path / "ix").exists()
+    rows[3][key] = "ok"
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
+    assert load_index_dir(tmp_path / "ix").items[4]["device"] == "7"

@@ -6,12 +6,14 @@ competitor's or a baseline's embeddings exactly like ours.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
-from receipt_embed.indexing.contents import item_of
+from receipt_embed.indexing.contents import ITEM_OPTIONAL_STRINGS, item_of
 from receipt_embed.indexing.factory import build_index
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
 from receipt_embed.locking import write_lock
@@ -177,8 +179,16 @@ def read_items_manifest(manifest: str | Path) -> tuple[Path, list[dict]]:
         if missing:
             raise BadInput(f"{path}, line {row.line}: missing {', '.join(missing)}")
         item = item_of(row.fields)
+        for key in ("path", "receipt_id", *ITEM_OPTIONAL_STRINGS):  # what every reader of items.jsonl takes as text
+            value = item.get(key)
+            if isinstance(value, (bool, list, dict)):
+                raise BadInput(
+                    f"{path}, line {row.line}: {key} is {shortened(json.dumps(value))}, expected text "
+                    "(a number is taken as its digits)"
+                )
+            if isinstance(value, (int, float)):
+                item[key] = str(value)
         item["path"] = str((path.parent / str(item["path"])).resolve())
-        item["receipt_id"] = str(item["receipt_id"])
         items.append(item)
     return path, items
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed.display import shortened
+from receipt_embed.display import quoted, shortened
 
 # bookkeeping columns of a dataset dir's manifest.jsonl that say nothing about the capture
 # (mtime_ns only serves to detect files replaced since ingest)
@@ -98,6 +98,9 @@ SHARD_INTS = ("count", "dim", "shard", "shards", "total")
 SHARD_STRINGS = ("checkpoint", "checkpoint_sha256", "dataset", "split")
 
 
+SHARD_FILES = ("embeddings.npy", "items.jsonl")  # what `index --shard` writes beside shard.json
+
+
 def check_shard_meta(meta, shard_path: Path, error) -> None:
     """shard.json: what index-merge reads, by type (files: {name: sha256})."""
     if not isinstance(meta, dict):
@@ -117,6 +120,11 @@ def check_shard_meta(meta, shard_path: Path, error) -> None:
     files = meta["files"]
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise error(f"{shard_path}: files is {_kind(files)}, expected an object of sha256 strings by file name")
+    if sorted(files) != sorted(SHARD_FILES):  # never open a path a shard.json names: only the shard's own files
+        raise error(
+            f"{shard_path}: files names {', '.join(quoted(name) for name in sorted(files)) or 'nothing'}; a shard "
+            f"holds exactly {' and '.join(SHARD_FILES)}: re-run that shard"
+        )
 
 
 def check_items(items: list, items_path: Path, error) -> None:

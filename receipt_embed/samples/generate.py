@@ -20,6 +20,7 @@ from PIL import Image, ImageOps
 
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, is_disk_full
+from receipt_embed.images import DEFAULT_MAX_PIXELS
 from receipt_embed.samples.capture import capture_jpeg
 from receipt_embed.samples.devices import DeviceProfile, select_devices
 from receipt_embed.samples.receipts import make_receipt
@@ -85,8 +86,16 @@ def find_scans(folder: str | Path) -> list[Path]:
 
 
 def _load_scan(path: Path) -> Image.Image:
+    """The scan, upright; its size is checked from the header first, with ingest's pixel limit
+    (PIL's own only warns below twice that: a 734 KB PNG decoded to 3.5 GB)."""
     try:
         with Image.open(path) as image:
+            width, height = image.size
+            if width * height > DEFAULT_MAX_PIXELS:
+                raise BadInput(
+                    f"scan {path}: {width}x{height} = {width * height} pixels exceeds the limit of "
+                    f"{DEFAULT_MAX_PIXELS} (possible decompression bomb); shrink the scan first"
+                )
             return ImageOps.exif_transpose(image)  # a loaded copy, upright
     except (OSError, Image.DecompressionBombError) as err:
         raise BadInput(f"cannot read scan {path}: {err}") from err

@@ -113,6 +113,13 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
             )
     if is_sweep_dir(run_dir) if sweep else is_run_dir(run_dir):
         return
+    if not sweep and is_sweep_dir(run_dir):
+        raise BadInput(
+            f"{run_dir} is a sweep dir (a run dir per value, KEY=VALUE), not a run dir: pass --sweep "
+            "KEY=V1,V2 to sweep there again, or choose another --out"
+        )
+    if sweep and is_run_dir(run_dir) and Path(run_dir, "checkpoints").exists():
+        raise BadInput(f"{run_dir} is a run dir, not a sweep dir: train without --sweep, or choose another --out")
     if Path(run_dir).is_dir() and not Path(run_dir).is_symlink():
         raise BadInput(f"{run_dir} {FOREIGN}")
     raise BadInput(

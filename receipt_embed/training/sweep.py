@@ -13,6 +13,8 @@ from pathlib import Path
 from receipt_embed.config import ConfigError, config_with
 from receipt_embed.display import quoted, shortened
 from receipt_embed.fileio import atomic_write_json
+from receipt_embed.training.resume import open_run
+from receipt_embed.training.rundir import check_run_out
 from receipt_embed.training.trainer import train
 
 SWEEP_FILE = "sweep.json"
@@ -61,7 +63,7 @@ def run_sweep(
     """One run per value into OUT/KEY=VALUE (``force`` replaces existing ones), under OUT's
     writer lock, then OUT/sweep.json. ``config`` is the resolved config every run starts from."""
     from receipt_embed.locking import write_lock
-    from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
+    from receipt_embed.training.rundir import refuse_dataset_inside
 
     with write_lock(out_dir):
         check_run_out(out_dir, sweep=True)
@@ -73,6 +75,9 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     key, values = parse_sweep(spec)
     configs = [_swept(config, key, value) for value in values]  # validate all first
     out_dir = Path(out_dir)
+    for value in values:  # and refuse an existing run of any value before the first one trains
+        check_run_out(out_dir / run_name(key, value))
+        open_run(out_dir / run_name(key, value), resume=False, force=force, world_size=1)
     runs = []
     for value, config in zip(values, configs):
         run_dir = out_dir / run_name(key, value)

@@ -79,7 +79,8 @@ Float = Annotated[float, BeforeValidator(_not_a_boolean)]
 # index or search allocate without end
 MAX_SIDE = 2048
 MAX_WIDTH = 65536
-Side = Annotated[int, Strict(), Field(gt=0, le=MAX_SIDE)]
+MIN_SIDE = 16  # smaller inputs vanish in the encoders' strided layers (and mean nothing on a receipt)
+Side = Annotated[int, Strict(), Field(ge=MIN_SIDE, le=MAX_SIDE)]
 Width = Annotated[int, Strict(), Field(gt=0, le=MAX_WIDTH)]
 
 

@@ -213,7 +213,11 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
             if not _held[key]:
                 del _held[key]
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder above --out should be
+        above = next((p for p in [path.parent, *path.parent.parents] if p.exists()), path.parent)
+        raise BadInput(f"--out {out}: {above} is a file, not a folder, so nothing can be written below it") from None
     fd = _open_locked(path, out)
     if not _is_ours(fd):
         os.close(fd)

@@ -323,3 +323,12 @@ def test_a_sweep_value_the_config_cannot_take_names_sweep_and_the_value(spec, me
     with pytest.raises(ConfigError) as info:
         [_swept(config, key, value) for value in values]
     assert str(info.value).startswith(message) and "--set" not in str(info.value)
+
+
+def test_an_image_size_too_small_for_any_encoder_is_refused_by_the_config():
+    """Attack round 14: data.image_size=[1,1] passed `config` and failed in training with "returned a
+    uint8 (1, 1) view; views must be uint8 of 1 x 1 (data.image_size) x 3"."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["data.image_size=[1,32]"])
+    assert str(info.value) == "config key 'data.image_size.0': Input should be greater than or equal to 16 (got 1)"
+    assert load_config(overrides=["data.image_size=[16,16]"]).data.image_size == (16, 16)

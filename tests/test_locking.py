@@ -562,3 +562,18 @@ def test_writers_racing_for_one_lock_never_hold_it_together(tmp_path):
         counts.append([int(n) for n in out.split()])
     assert all(held > 0 for held, _ in counts) and sum(refused for _, refused in counts) > 0, counts
     assert not (tmp_path / ".ix.lock").exists() and not (tmp_path / "inside").exists()
+
+
+def test_an_out_below_a_file_is_one_line_naming_the_file(tmp_path):
+    """Attack round 14: `--out FILE/x` said only "File exists: 'FILE'"."""
+    from receipt_embed.errors import BadInput
+    from receipt_embed.locking import write_lock
+
+    (tmp_path / "notes.csv").write_text("mine")
+    with pytest.raises(BadInput) as info, write_lock(tmp_path / "notes.csv" / "sub" / "out"):
+        pass
+    assert str(info.value) == (
+        f"--out {tmp_path / 'notes.csv' / 'sub' / 'out'}: {tmp_path / 'notes.csv'} is a file, not a folder, "
+        "so nothing can be written below it"
+    )
+    assert (tmp_path / "notes.csv").read_text() == "mine"

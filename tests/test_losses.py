@@ -329,6 +329,12 @@ def test_low_temperature_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SupConLoss(temperature=0.05)
+    # attack round 14: at 1e-300 the warning held a 300-digit number and said the loss "stays finite"
+    with pytest.warns(UserWarning) as caught:
+        SupConLoss(temperature=1e-300)
+    message = str(caught[0].message)
+    assert message.startswith("temperature 1e-300 is below 0.05: logits span +-1e+300") and len(message) < 250
+    assert "stays finite" not in message
 
 
 @pytest.mark.parametrize(

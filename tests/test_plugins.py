@@ -1158,3 +1158,15 @@ def test_a_hook_or_plugin_raising_an_exit_of_its_own_is_only_its_failure(tmp_pat
         registry = plugin_manager.get_registry(tmp_path)
     with pytest.warns(Warning, match=r"plugin 'quits' failed in on_epoch_end \(epoch 1\): SystemExit: 0; going on"):
         call_hook(registry, "on_epoch_end", where="epoch 1", epoch=1)
+
+
+def test_an_augmentation_parameter_of_the_wrong_type_is_named():
+    """Attack round 14: `augment.params={strength: abc}` failed inside the preset with "'<=' not supported
+    between instances of 'float' and 'str'", naming neither the parameter nor its type."""
+    from receipt_embed import get_registry
+    from receipt_embed.registry import ComponentError
+
+    registry = get_registry()
+    with pytest.raises(ComponentError, match="parameter 'strength' takes a number \\(float\\), got 'abc'"):
+        registry.create("augmentation", "capture", image_size=(64, 32), strength="abc")
+    assert registry.create("augmentation", "capture", image_size=(64, 32), strength=0.5) is not None

@@ -17,6 +17,20 @@ def build_capture(image_size, **params):
     return build(tuple(image_size), **params)
 
 
+def _presets(name: str):
+    def target():
+        from receipt_embed.augment import presets
+
+        return getattr(presets, name)
+
+    return target
+
+
+# the presets' annotations, for the registry's checks (`strength: abc` is named, not a TypeError deep inside)
+build_none.signature_target = _presets("build_none")
+build_capture.signature_target = _presets("build_capture")
+
+
 @hookimpl
 def register_augmentations(register):
     register("none", build_none, description="resize only (evaluation, baselines)")

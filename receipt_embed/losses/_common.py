@@ -31,9 +31,9 @@ def check_temperature(temperature) -> float:
         raise BadInput(f"temperature must be > 0, got {value}")
     if value < LOW_TEMPERATURE:
         warnings.warn(
-            f"temperature {value} is below {LOW_TEMPERATURE}: logits span +-{1 / value:.0f}, so "
-            "training is fragile (the loss stays finite here; choose the temperature on "
-            "validation retrieval)",
+            f"temperature {value:g} is below {LOW_TEMPERATURE}: logits span +-{1 / value:.3g}, so "
+            "training is fragile (the loss is computed in a stable way, but the gradients grow as "
+            "1 / temperature); choose the temperature on validation retrieval",
             UserWarning,
             stacklevel=3,
         )

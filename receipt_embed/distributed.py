@@ -59,6 +59,31 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+PEER_GONE_EXIT = 3  # a rank's exit code when it stopped because another rank failed or was killed
+_PEER_GONE_SIGNS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "/gloo/transport/",
+    "nccl communicator was aborted",
+    "remote process exited",
+)
+
+
+def lost_a_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it wraps) is a collective failing because another rank is gone
+    (killed, out of memory, or failed with its own error): gloo's "Connection reset by peer" and kin."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, getattr(dist, "DistNetworkError", ())):
+            return True
+        if isinstance(exc, RuntimeError) and any(sign in str(exc).lower() for sign in _PEER_GONE_SIGNS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def gather_rows(local: torch.Tensor, differentiable: bool = True) -> torch.Tensor:
     """Rows of every rank, in rank order, (W * n, ...); all ranks must pass n rows."""
     if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -8,7 +8,8 @@ Readers take no lock; they rely on writes being atomic (``receipt_embed.outdir``
 the lock is held, SIGTERM unwinds the writer (``SystemExit(143)``) so it cleans up after itself.
 
 Under ``--nproc`` the launcher holds the lock and names it in ``HELD_LOCKS_ENV`` for its
-ranks, so rank 0 does not wait on its own parent.
+ranks, so rank 0 does not wait on its own parent; rank 0 checks before each write that the
+launcher is still its ancestor (a launcher killed with kill -9 releases the lock).
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ def _write_holder(fd: int, path: Path, record: dict) -> None:
 
 
 _descriptors: dict[str, int] = {}  # lock path -> the descriptor holding its flock, in this process
+_inherited: dict[str, tuple[int, int]] = {}  # lock path -> (pid, lock file inode) of the ancestor holding it
 
 
 class LockLost(BadInput):
@@ -179,13 +181,16 @@ class LockLost(BadInput):
 
 def check_still_held(out: str | os.PathLike) -> None:
     """Before a long-running writer writes again: refuse to go on when its lock file was deleted or
-    replaced meanwhile (another writer could then have taken a new lock on the same dir)."""
+    replaced meanwhile (another writer could then have taken a new lock on the same dir), or, for a
+    lock its launcher holds (a ``--nproc`` rank), when that launcher is gone: the kernel released the
+    lock with it, so another writer may have the dir now."""
     path = lock_path(out)
     fd = _descriptors.get(str(path))
-    if fd is None:  # held by a parent process (train --nproc) or not by this process: nothing to compare
+    inherited = _inherited.get(str(path))
+    if fd is None and inherited is None:  # not held by this process or a launcher above it: nothing to compare
         return
     try:
-        same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        same = os.stat(path).st_ino == (os.fstat(fd).st_ino if fd is not None else inherited[1])
     except FileNotFoundError:
         same = False
     if not same:
@@ -194,6 +199,18 @@ def check_still_held(out: str | os.PathLike) -> None:
             "another writer may be using the dir now, so this one stops without writing more "
             "(check the dir, then start again)"
         )
+    if inherited is not None and inherited[0] not in _ancestors():
+        raise LockLost(
+            f"the launcher that held the lock of {out} for this process (pid {inherited[0]}) is gone; without it "
+            "another writer may take the dir, so this one stops without writing more "
+            "(check the dir, then continue it with --resume or start again)"
+        )
+
+
+def held_descriptor(out: str | os.PathLike) -> int | None:
+    """The descriptor holding the flock of ``out``'s lock in this process (None when it holds none):
+    a child given it keeps the lock held for as long as it runs, even after this process is gone."""
+    return _descriptors.get(str(lock_path(out)))
 
 
 @contextmanager
@@ -204,7 +221,10 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
     left by a killed writer is taken over with a warning (or ``log``) naming that writer."""
     path = lock_path(out)
     key = str(path)
-    if key in _held or _held_by_an_ancestor(path):
+    holder = None if key in _held else _held_by_an_ancestor(path)
+    if key in _held or holder is not None:
+        if holder is not None:
+            _inherited[key] = holder
         _held[key] = _held.get(key, 0) + 1
         try:
             yield path
@@ -212,6 +232,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
             _held[key] -= 1
             if not _held[key]:
                 del _held[key]
+                _inherited.pop(key, None)
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,20 +280,21 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         os.close(fd)
 
 
-def _held_by_an_ancestor(path: Path) -> bool:
-    """``HELD_LOCKS_ENV`` names ``path`` and the live holder its record names is one of this process's
-    ancestors (the ``--nproc`` launcher of a rank): an inherited or hand-set variable is not trusted."""
+def _held_by_an_ancestor(path: Path) -> tuple[int, int] | None:
+    """(the holder's pid, the lock file's inode) when ``HELD_LOCKS_ENV`` names ``path`` and the live
+    holder its record names is one of this process's ancestors (the ``--nproc`` launcher of a rank),
+    else None: an inherited or hand-set variable is not trusted."""
     if str(path) not in os.environ.get(HELD_LOCKS_ENV, "").split(os.pathsep):
-        return False
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return False
+        return None
     try:
-        holder = _read_holder(fd).get("pid")
+        holder, inode = _read_holder(fd).get("pid"), os.fstat(fd).st_ino
     finally:
         os.close(fd)
-    return isinstance(holder, int) and holder in _ancestors()
+    return (holder, inode) if isinstance(holder, int) and holder in _ancestors() else None
 
 
 def _ancestors() -> set[int]:
@@ -306,8 +328,10 @@ def held_locks_env(*outs) -> dict[str, str]:
 __all__ = [
     "DirLocked",
     "HELD_LOCKS_ENV",
+    "LockLost",
     "StoppedBySignal",
     "UnusableLockFile",
+    "held_descriptor",
     "held_locks_env",
     "signal_name",
     "signals_stop_the_command",

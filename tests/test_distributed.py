@@ -277,3 +277,147 @@ def test_train_nproc_2_with_moco_keeps_one_queue(cli, tmp_path):
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     # 6 steps x 16 global keys, into a queue of 64 that started empty: full, every slot labelled
     assert int(state["loss"]["queue_count"]) == 64 and "momentum_model" in state
+
+
+def _children(pid: int) -> list[int]:
+    """The live (not zombie) processes whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != b"Z":
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _start_nproc_2(tmp_path: Path, epochs: int) -> tuple[subprocess.Popen, int, dict[int, int]]:
+    """A `train --nproc 2` past its first epoch: (the launcher, its torchrun's pid, {rank: pid})."""
+    import time
+
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    with open(tmp_path / "launcher.err", "w") as err:  # the launcher keeps its own descriptor
+        launcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "receipt_embed",
+                "train",
+                "--data",
+                str(tmp_path / "ds"),
+                "--out",
+                str(tmp_path / "run"),
+            ]
+            + ["--nproc", "2", "-q", "--set", f"train.epochs={epochs}", "--set", "data.image_size=[64,32]"]
+            + ["--set", "train.batch_size=8", "--set", "model.head_hidden=64", "--set", "model.head_dim=32"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    deadline = time.time() + 180
+    while time.time() < deadline and not last.exists():
+        time.sleep(0.2)
+    assert last.exists(), (tmp_path / "launcher.err").read_text()[-2000:]
+    (torchrun,) = _children(launcher.pid)
+    ranks = {}
+    for pid in _children(torchrun):
+        variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        ranks[int(next(v for v in variables if v.startswith(b"RANK="))[5:])] = pid
+    assert sorted(ranks) == [0, 1]
+    return launcher, torchrun, ranks
+
+
+def test_kill_9_of_the_launcher_stops_its_ranks_and_a_second_writer_never_mixes_with_them(cli, tmp_path):
+    """Attack round 14: kill -9 of the --nproc launcher released the run dir's lock, torchrun and its
+    ranks trained on, and a `train --force` then shared the run dir with them (mixed metrics.jsonl,
+    the orphans' best.pt over the new run's)."""
+    import json
+    import time
+
+    launcher, torchrun, ranks = _start_nproc_2(tmp_path, epochs=200)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and any(_alive(pid) for pid in (torchrun, *ranks.values())):
+        time.sleep(0.2)
+    orphans = [pid for pid in (torchrun, *ranks.values()) if _alive(pid)]
+    for pid in orphans:
+        os.kill(pid, 9)
+    assert not orphans, "torchrun or a rank outlived the launcher"
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["world_size"] == 2
+    result = cli(
+        "train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--force", "-q", "--set", "train.epochs=1",
+        "--set", "data.image_size=[64,32]", "--set", "train.batch_size=8", "--set", "model.head_hidden=64",
+        "--set", "model.head_dim=32", timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    time.sleep(2)  # an orphan's write would land by now
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["epoch"], line["world_size"]) for line in lines] == [(1, 1)]
+    for name in ("last.pt", "best.pt"):
+        state = torch.load(tmp_path / "run" / "checkpoints" / name, weights_only=True)
+        assert state["world_size"] == 1 and state["epoch"] == 1, name
+
+
+def test_kill_9_of_one_rank_is_one_line_naming_it_and_how_to_continue(tmp_path):
+    """Attack round 14: a rank killed by the OOM killer or kill -9 under --nproc printed "internal error"
+    and "This is a bug in receipt-embed" from rank 0, then torchrun's ChildFailedError traceback."""
+    import json
+
+    launcher, _, ranks = _start_nproc_2(tmp_path, epochs=200)
+    os.kill(ranks[1], 9)
+    assert launcher.wait(timeout=120) == 1
+    err = (tmp_path / "launcher.err").read_text()
+    said = [line for line in err.splitlines() if not line.startswith(("epoch ", "launching "))]
+    run = tmp_path / "run"
+    assert said == [
+        f"Error: rank 1 (pid {ranks[1]}) was killed by SIGKILL (kill -9, or the out-of-memory killer); "
+        f"{run}/checkpoints/last.pt holds the last saved state: continue with "
+        f"`receipt-embed train --out {run} --resume --nproc 2`"
+    ], err[-3000:]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert state["world_size"] == 2 and all(line["world_size"] == 2 for line in lines)
+    assert [line["epoch"] for line in lines] == list(range(1, len(lines) + 1))
+
+
+def test_which_failed_rank_torchrun_under_nproc_names(tmp_path):
+    """Attack round 14: the rank that went first on its own is named (a signal death in one line; an
+    exit code it explained itself is passed on), never one that only lost its peers."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from receipt_embed.cli.torchrun_main import failure_report
+    from receipt_embed.distributed import PEER_GONE_EXIT, lost_a_peer
+
+    def failed(rank, code):
+        return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file="<N/A>")
+
+    run = tmp_path / "run"
+    code, line = failure_report({0: failed(0, PEER_GONE_EXIT), 1: failed(1, -9)}, run, 2)
+    assert code == 1 and line.startswith("Error: rank 1 (pid 101) was killed by SIGKILL")
+    assert line.endswith(f"no checkpoint was saved in {run} yet: start the run again")
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").touch()
+    code, line = failure_report({0: failed(0, -15), 1: failed(1, PEER_GONE_EXIT)}, run, 4)
+    assert code == 1 and "rank 0 (pid 100) was killed by SIGTERM;" in line and "--resume --nproc 4`" in line
+    assert failure_report({0: failed(0, 2), 1: failed(1, PEER_GONE_EXIT)}, run, 2) == (2, None)  # it said why
+    code, line = failure_report({0: failed(0, PEER_GONE_EXIT), 1: failed(1, PEER_GONE_EXIT)}, run, 2)
+    assert code == 1 and "lost its connection to the other ranks" in line
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:13731: Connection reset by peer")
+    wrapped = ValueError("while stepping")
+    wrapped.__cause__ = gloo
+    assert lost_a_peer(gloo) and lost_a_peer(wrapped) and not lost_a_peer(RuntimeError("shapes do not match"))

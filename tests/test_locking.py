@@ -577,3 +577,51 @@ def test_an_out_below_a_file_is_one_line_naming_the_file(tmp_path):
         "so nothing can be written below it"
     )
     assert (tmp_path / "notes.csv").read_text() == "mine"
+
+
+LAUNCHER = """
+import os, subprocess, sys
+from receipt_embed.locking import held_locks_env, write_lock
+rank = '''
+import os, sys, time
+from receipt_embed.locking import LockLost, check_still_held, write_lock
+with write_lock(sys.argv[1]):
+    for flag in ("first", "second"):
+        while not os.path.exists(os.path.join(sys.argv[2], flag)):
+            time.sleep(0.05)
+        try:
+            check_still_held(sys.argv[1])
+            print("held", flush=True)
+        except LockLost as exc:
+            print("lost:", exc, flush=True)
+'''
+with write_lock(sys.argv[1]):
+    child = subprocess.Popen([sys.executable, "-c", rank, *sys.argv[1:]], env={**os.environ, **held_locks_env(sys.argv[1])})
+    print(child.pid, flush=True)
+    child.wait()
+"""
+
+
+def test_a_rank_whose_launcher_died_stops_writing(tmp_path):
+    """Attack round 14: a --nproc rank whose launcher was killed (kill -9, SIGHUP) kept writing a run
+    dir whose lock the kernel had released, so a second writer mixed its epochs into it."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(out), str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    rank = int(launcher.stdout.readline())
+    try:
+        (tmp_path / "first").touch()
+        assert launcher.stdout.readline().strip() == "held"  # its launcher holds the lock: it may write
+        launcher.kill()
+        launcher.wait()
+        (tmp_path / "second").touch()
+        line = launcher.stdout.readline().strip()
+        assert line.startswith("lost: the launcher that held the lock of") and f"(pid {launcher.pid}) is gone" in line
+        assert "stops without writing more" in line and "--resume" in line
+    finally:
+        try:
+            os.kill(rank, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

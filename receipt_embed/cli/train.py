@@ -11,7 +11,9 @@ import click
 from receipt_embed.cli.app import current_app
 from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
 from receipt_embed.config import config_with
+from receipt_embed.display import printable, shortened
 from receipt_embed.errors import BadInput
+from receipt_embed.orphans import PARENT_PID_ENV, stop_with_parent
 
 
 def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, log) -> Path:
@@ -114,6 +116,8 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and os.environ.get(PARENT_PID_ENV, "").isdigit():  # a rank of train --nproc: stop with torchrun
+        stop_with_parent(int(os.environ[PARENT_PID_ENV]))
     data_dir = _data_dir_of(out_dir, data_dir, resume, sweep)
     if nproc > 1 or world > 1:
         if data_dir is None:
@@ -210,6 +214,24 @@ def _launch(config, data_dir, out, resume, nproc, force) -> None:
     raise SystemExit(launch_torchrun(nproc, out))
 
 
+def _raise_if_a_peer_is_gone(exc: Exception, out: Path, world: int) -> None:
+    """Another rank was killed or failed: this one stops with ``PEER_GONE_EXIT``, not as a bug. Under
+    ``--nproc`` the launcher's torchrun names the rank that went, in one line; under torchrun started
+    directly rank 0 says what happened here."""
+    import os
+
+    from receipt_embed.distributed import PEER_GONE_EXIT, lost_a_peer
+
+    if world <= 1 or not lost_a_peer(exc):
+        return
+    if int(os.environ.get("RANK", "0")) == 0 and PARENT_PID_ENV not in os.environ:
+        last = out / "checkpoints" / "last.pt"
+        saved = f"{last} holds the last saved state: continue with --resume" if last.exists() else "no checkpoint yet"
+        detail = shortened(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, 160)
+        click.echo(printable(f"Error: another rank failed or was killed ({detail}); {saved}"), err=True)
+    raise SystemExit(PEER_GONE_EXIT) from None
+
+
 def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, world) -> None:
     """The run itself, under the run dir's writer lock."""
     import os
@@ -252,10 +274,17 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
         if int(os.environ.get("RANK", "0")) == 0:
             click.echo(str(exc), err=True)
         raise SystemExit(exc.code) from None
+    except Exception as exc:
+        _raise_if_a_peer_is_gone(exc, out, world)
+        raise
     if world > 1:
         from receipt_embed.distributed import shutdown
 
-        shutdown()
+        try:
+            shutdown()
+        except Exception as exc:
+            _raise_if_a_peer_is_gone(exc, out, world)
+            raise
     if int(os.environ.get("RANK", "0")) != 0:
         return
     best = (

@@ -303,6 +303,7 @@ class Trainer(TrainingStep):
         self._save_last(state)
         last_epoch = self.epoch == self.epochs or self.out_of_time
         if improved or (selected is None and last_epoch):  # no val figure to choose by: the last epoch
+            check_still_held(self.run_dir)
             save_checkpoint(self.run_dir / BEST, state)
 
     def _save_last(self, state: dict) -> None:

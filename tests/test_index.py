@@ -266,6 +266,19 @@ def test_bad_factories_are_clear_errors(cli, trained, tmp_path):
     assert result.returncode == 2 and "'Nope'" in result.stderr
 
 
+def test_index_refuses_too_many_ivf_lists_before_embedding(cli, trained, tmp_path):
+    """Attack round 14: `index --data --factory IVF<huge>` embedded every capture, then FAISS
+    allocated the lists, before the refusal; the list count is checked against the captures first."""
+    dataset, checkpoint = trained
+    captures = len(select_split(load_dataset_dir(dataset), "all"))
+    result = cli(
+        "index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "ix", "--factory", "IVF30000000,Flat"
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"IVF30000000,Flat: cannot train 30000000 IVF lists on {captures} training vectors" in result.stderr
+    assert "embedding" not in result.stderr and not (tmp_path / "ix").exists()
+
+
 def test_query_dimension_must_match(heldout_index):
     from receipt_embed.indexing.search import neighbours
 

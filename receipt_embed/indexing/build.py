@@ -14,7 +14,7 @@ import numpy as np
 from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.indexing.contents import ITEM_OPTIONAL_STRINGS, item_of
-from receipt_embed.indexing.factory import build_index
+from receipt_embed.indexing.factory import DEFAULT_TRAIN_SIZE, build_index, check_factory_sizes
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
 from receipt_embed.locking import write_lock
 from receipt_embed.outdir import check_replaceable, refuse_own_input
@@ -90,6 +90,8 @@ def _index_dataset(
     from receipt_embed.embedding import load_model
 
     captures = _present_captures(data_dir, split)
+    if shard is None:  # a factory too large for the captures is refused before minutes of embedding
+        check_factory_sizes(factory, len(captures), build_options.get("train_size", DEFAULT_TRAIN_SIZE))
     source = {
         **checkpoint_source(checkpoint),
         "dataset": str(Path(data_dir).resolve()),

@@ -9,12 +9,14 @@ the target. The chosen parameters and the measured recall are what ``index.json`
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.retrieval import l2_normalise
 
@@ -25,7 +27,16 @@ KNOBS = {
     "efSearch": (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
 }
 
+DEFAULT_TRAIN_SIZE = 100_000  # vectors an approximate index is trained on (a random sample beyond)
 PLATEAU = 0.1  # a costlier setting must close at least this share of the gap to the target
+
+# Sizes in a factory string, checked before FAISS builds anything: FAISS allocates an IVF's
+# lists and a PQ's codebooks while it parses the string (IVF30000000 took 5 GB), and an
+# HNSW/NSG graph's links per vector as it adds them. Degrees outside these bounds crashed,
+# hung or exhausted memory; FAISS's docs and wiki use HNSW M and NSG R of 4 to 64.
+GRAPH_DEGREES = {"HNSW": (2, 256), "NSG": (8, 256)}  # HNSW0/1 abort or segfault, NSG4 hangs
+MAX_CODE_BITS = 16  # bits of one PQ/RQ/LSQ sub-code: 8 is FAISS's default, 2**16 entries a codebook
+MAX_TRANSFORM_GROWTH = 4  # PCA/RR/ITQ/OPQ output dim at most this many times the input dim
 
 
 class IndexBuildError(BadInput):
@@ -61,6 +72,83 @@ def new_index(dim: int, factory: str):
             f"FAISS cannot build factory {factory!r} for dim {dim}: {reason} "
             "(examples: Flat, HNSW32, IVF1024,Flat, IVF4096,PQ64)"
         ) from None
+
+
+def _number(digits: str) -> int:
+    """A count from the factory string; thousands of digits need not become an int to be too many."""
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
+def _too_few_for_lists(factory: str, nlist: int | str, noun: str, size: int) -> IndexBuildError:
+    return IndexBuildError(
+        f"{shortened(factory)}: cannot train {nlist} IVF lists on {noun}; use fewer lists "
+        f"(e.g. IVF{max(1, size // 39)}) or Flat"
+    )
+
+
+def _too_few_for_codebooks(factory: str, ksub: int, noun: str) -> IndexBuildError:
+    return IndexBuildError(
+        f"{shortened(factory)}: product quantization with {ksub}-entry codebooks needs at least "
+        f"{ksub} training vectors, got {noun}; use Flat, HNSW32 or an SQ8 index"
+    )
+
+
+def check_factory_sizes(factory: str, n: int, train_size: int | None = None, dim: int | None = None) -> None:
+    """Refuse, from the string alone, sizes FAISS would allocate for before any check of ours
+    could run: more IVF lists or PQ codebook entries than training vectors, a graph degree
+    outside ``GRAPH_DEGREES``, codes over ``MAX_CODE_BITS`` bits, PQ sub-quantizers or a
+    transform's output dim that ``dim`` cannot hold. Runs before ``faiss.index_factory``."""
+    text = factory.replace(" ", "")
+    if text in EXACT_FACTORIES:
+        return
+    size = n if train_size is None else min(n, train_size)
+    noun = f"{size} training vectors" + (f" (sampled from {n})" if size < n else "")
+    name = shortened(factory)
+    for match in re.finditer(r"IVF(\d+)", text):
+        nlist = _number(match[1])
+        if nlist < 1:
+            raise IndexBuildError(f"{name}: an IVF index needs at least 1 list (e.g. IVF{max(1, size // 39)},Flat)")
+        if size < nlist:
+            raise _too_few_for_lists(factory, shortened(match[1].lstrip("0"), 20), noun, size)
+    for match in re.finditer(r"IMI(\d+)x(\d+)", text):
+        bits = _number(match[1]) * _number(match[2])
+        if bits > 62 or size < 2**bits:
+            shown = f"2^{bits}" if bits > 62 else str(2**bits)
+            raise _too_few_for_lists(factory, shown, noun, size)
+    for kind, (low, high) in GRAPH_DEGREES.items():
+        for match in re.finditer(kind + r"(\d+)", text):
+            degree = _number(match[1])
+            if not low <= degree <= high:
+                raise IndexBuildError(
+                    f"{name}: {kind}{shortened(match[1])} is outside {kind}{low} to {kind}{high}, the graph "
+                    f"degrees receipt-embed builds (FAISS's docs use 4 to 64; e.g. {kind}32)"
+                )
+    for match in re.finditer(r"(?<![A-Za-z])PQ(\d+)(?:x(\d+))?(fs)?", text):
+        m = _number(match[1])
+        bits = _number(match[2]) if match[2] else 4 if match[3] else 8
+        if dim is not None and m > dim:
+            raise IndexBuildError(
+                f"{name}: PQ{shortened(match[1])} splits each vector into {m} parts, more than its {dim} "
+                f"dimensions; the part count must divide {dim}"
+            )
+        if bits > MAX_CODE_BITS:
+            raise IndexBuildError(f"{name}: {bits}-bit PQ codes are refused (at most {MAX_CODE_BITS}; 8 is usual)")
+        if size < 2**bits:
+            raise _too_few_for_codebooks(factory, 2**bits, noun)
+    for match in re.finditer(r"(?:RQ|LSQ)\d+(?:x\d+)*x(\d+)", text):
+        if _number(match[1]) > MAX_CODE_BITS:
+            raise IndexBuildError(
+                f"{name}: {shortened(match[1])}-bit residual codes are refused (at most {MAX_CODE_BITS}; 8 is usual)"
+            )
+    if dim is None:
+        return
+    for match in re.finditer(r"(?<![A-Za-z])(?:PCAW?R?|RR|ITQ)(\d+)|OPQ\d+_(\d+)", text):
+        out = _number(match[1] or match[2])
+        if not 1 <= out <= MAX_TRANSFORM_GROWTH * dim:
+            raise IndexBuildError(
+                f"{name}: {shortened(match[0])} maps dim {dim} to {out}; give an output dim from 1 to "
+                f"{MAX_TRANSFORM_GROWTH * dim}"
+            )
 
 
 def nlist_of(index) -> int | None:
@@ -103,20 +191,14 @@ def _check_training_size(index, factory: str, size: int, n: int) -> None:
         nlist = getattr(part, "nlist", None)
         if isinstance(nlist, int) and hasattr(part, "cp"):
             if size < nlist:
-                raise IndexBuildError(
-                    f"{factory}: cannot train {nlist} IVF lists on {noun}; use fewer lists "
-                    f"(e.g. IVF{max(1, size // 39)}) or Flat"
-                )
+                raise _too_few_for_lists(factory, nlist, noun, size)
             if size < 39 * nlist:
                 warnings.warn(f"{factory}: {noun} for {nlist} IVF lists; FAISS advises at least {39 * nlist}")
             part.cp.min_points_per_centroid = 1
         pq = getattr(part, "pq", None)
         if pq is not None and hasattr(pq, "ksub"):
             if size < pq.ksub:
-                raise IndexBuildError(
-                    f"{factory}: product quantization with {pq.ksub}-entry codebooks needs at least "
-                    f"{pq.ksub} training vectors, got {noun}; use Flat, HNSW32 or an SQ8 index"
-                )
+                raise _too_few_for_codebooks(factory, pq.ksub, noun)
             if size < 39 * pq.ksub:
                 warnings.warn(
                     f"{factory}: {noun} for {pq.ksub}-entry PQ codebooks; FAISS advises at least {39 * pq.ksub}"
@@ -235,15 +317,16 @@ def build_index(
     vectors: np.ndarray,
     factory: str = "Flat",
     *,
-    train_size: int | None = 100_000,
+    train_size: int | None = DEFAULT_TRAIN_SIZE,
     target_recall: float = 0.95,
     recall_queries: int = 1000,
     seed: int = 0,
     log=lambda message: None,
 ) -> BuiltIndex:
     """Index L2-normalised ``vectors`` (N, d) with ``factory``; tune and measure if approximate."""
-    vectors = l2_normalise(vectors)
     n, dim = vectors.shape
+    check_factory_sizes(factory, n, train_size, dim)  # before FAISS allocates anything
+    vectors = l2_normalise(vectors)
     index = new_index(dim, factory)
     started = time.perf_counter()
     if factory.replace(" ", "") in EXACT_FACTORIES:

@@ -145,7 +145,7 @@ class TrainConfig(_Section):
     warmup_epochs: Float = Field(ge=0)
     grad_clip: Float = Field(ge=0)
     precision: Literal["fp32", "bf16"]
-    num_workers: Int = Field(ge=0)
+    num_workers: Int = Field(ge=0, le=64)  # worker processes; more is a fork bomb, not a speed-up
     deterministic: Bool
     cache_margin: Float = Field(ge=1)
     eval_batch_size: PositiveInt

@@ -332,3 +332,9 @@ def test_an_image_size_too_small_for_any_encoder_is_refused_by_the_config():
         load_config(overrides=["data.image_size=[1,32]"])
     assert str(info.value) == "config key 'data.image_size.0': Input should be greater than or equal to 16 (got 1)"
     assert load_config(overrides=["data.image_size=[16,16]"]).data.image_size == (16, 16)
+
+
+def test_a_worker_count_that_would_fork_without_end_is_refused():
+    """Attack round 15: train.num_workers took 100000000 (and 100 forked 100 processes on 2 cores)."""
+    with pytest.raises(ConfigError, match="config key 'train.num_workers': Input should be less than or equal to 64"):
+        load_config(overrides=["train.num_workers=100000000"])

@@ -194,6 +194,15 @@ def test_a_huge_ivf_list_count_is_refused_before_faiss_allocates():
         ("PCA100000000,Flat", "PCA100000000 maps dim 16 to 100000000; give an output dim from 1 to 64"),
         ("RR0,Flat", "RR0 maps dim 16 to 0"),
         ("OPQ8_100000000,PQ8", "OPQ8_100000000 maps dim 16 to 100000000"),
+        # attack round 15: FAISS segfaults on a zero-sized code, and trains LSQ200x8 for minutes
+        ("RQ0x8", "RQ0x8 has an empty code"),
+        ("RQ1x0", "RQ1x0 has an empty code"),
+        ("LSQ0x8", "LSQ0x8 has an empty code"),
+        ("IVF2,LSQ1x0", "LSQ1x0 has an empty code"),
+        ("IVF2,PQ8x0", "PQ8x0 has an empty code"),
+        ("PQ0", "PQ0 has an empty code"),
+        ("LSQ200x8", "LSQ200x8 has 200 codebooks; at most 32 are built"),
+        ("RQ20x8_20x8", "has 40 codebooks; at most 32"),
     ],
 )
 def test_factory_sizes_are_refused_in_one_line_naming_the_factory(factory, message):

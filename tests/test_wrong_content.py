@@ -701,3 +701,16 @@ def test_index_embeddings_refuses_a_manifest_value_its_readers_cannot_take(tmp_p
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
     assert load_index_dir(tmp_path / "ix").items[4]["device"] == "7"
+
+
+def test_embeddings_of_large_finite_values_index_as_their_directions(tmp_path):
+    """Attack round 15: rows of 1e20 (finite float32) overflowed their squared norm, were stored as
+    all-zero vectors with exit 0, and every reader then refused the index."""
+    rows = [{"path": f"{i}.jpg", "receipt_id": f"r{i // 2}", "device": "d"} for i in range(4)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    x = np.array([[1e20, 1e20, 0], [2e20, 2e20, 1e19], [0, -1e38, 1e38], [0, -3, 3]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
+    stored = load_index_dir(tmp_path / "ix").embeddings
+    assert np.allclose(np.linalg.norm(stored, axis=1), 1, atol=1e-6)
+    assert np.allclose(stored[0], [2**-0.5, 2**-0.5, 0]) and np.allclose(stored[2], stored[3])

@@ -11,7 +11,11 @@ import numpy as np
 
 
 def l2_normalise(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length. Each row is first divided by its largest magnitude, so a row of
+    large finite values (1e20) does not overflow its squared norm to inf and come out all zeros."""
     x = np.ascontiguousarray(x, dtype=np.float32)
+    peak = np.abs(x).max(axis=1, keepdims=True) if x.size else np.ones((len(x), 1), np.float32)
+    x = x / np.maximum(peak, np.float32(1e-30))
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
 

@@ -35,6 +35,7 @@ PLATEAU = 0.1  # a costlier setting must close at least this share of the gap to
 # HNSW/NSG graph's links per vector as it adds them. Degrees outside these bounds crashed,
 # hung or exhausted memory; FAISS's docs and wiki use HNSW M and NSG R of 4 to 64.
 GRAPH_DEGREES = {"HNSW": (2, 256), "NSG": (8, 256)}  # HNSW0/1 abort or segfault, NSG4 hangs
+MAX_STAGES = 32  # codebooks of a residual (RQ) or additive (LSQ) quantizer
 MAX_CODE_BITS = 16  # bits of one PQ/RQ/LSQ sub-code: 8 is FAISS's default, 2**16 entries a codebook
 MAX_TRANSFORM_GROWTH = 4  # PCA/RR/ITQ/OPQ output dim at most this many times the input dim
 
@@ -131,14 +132,27 @@ def check_factory_sizes(factory: str, n: int, train_size: int | None = None, dim
                 f"{name}: PQ{shortened(match[1])} splits each vector into {m} parts, more than its {dim} "
                 f"dimensions; the part count must divide {dim}"
             )
+        if m == 0 or bits == 0:  # FAISS crashes (a segfault) on a zero-sized code
+            raise IndexBuildError(f"{name}: {shortened(match[0])} has an empty code; e.g. PQ8 or PQ8x8")
         if bits > MAX_CODE_BITS:
             raise IndexBuildError(f"{name}: {bits}-bit PQ codes are refused (at most {MAX_CODE_BITS}; 8 is usual)")
         if size < 2**bits:
             raise _too_few_for_codebooks(factory, 2**bits, noun)
-    for match in re.finditer(r"(?:RQ|LSQ)\d+(?:x\d+)*x(\d+)", text):
-        if _number(match[1]) > MAX_CODE_BITS:
+    for match in re.finditer(r"(?:RQ|LSQ)(\d+(?:x\d+)?(?:_\d+(?:x\d+)?)*)", text):
+        stages = 0
+        for part in match[1].split("_"):  # MxB: M codebooks (stages) of B bits
+            count, _, bits = part.partition("x")
+            count, bits = _number(count), _number(bits) if bits else 8
+            if count == 0 or bits == 0:  # FAISS crashes (a segfault) on a zero-sized code
+                raise IndexBuildError(f"{name}: {shortened(match[0])} has an empty code; e.g. RQ4x8")
+            if bits > MAX_CODE_BITS:
+                raise IndexBuildError(
+                    f"{name}: {bits}-bit residual codes are refused (at most {MAX_CODE_BITS}; 8 is usual)"
+                )
+            stages += count
+        if stages > MAX_STAGES:  # each stage trains on its own: LSQ200x8 ran for minutes on 2,000 vectors
             raise IndexBuildError(
-                f"{name}: {shortened(match[1])}-bit residual codes are refused (at most {MAX_CODE_BITS}; 8 is usual)"
+                f"{name}: {shortened(match[0])} has {stages} codebooks; at most {MAX_STAGES} are built (e.g. RQ4x8)"
             )
     if dim is None:
         return

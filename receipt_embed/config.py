@@ -394,7 +394,17 @@ def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
     try:
         return Config.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError("; ".join(_explain(e) for e in exc.errors())) from None
+        explained = []
+        for error in exc.errors():
+            line = _explain(error)
+            key = ".".join(str(part) for part in error["loc"])
+            source = _source_of(key, layers, sources) if len(sources) == len(layers) else None
+            if source and source.startswith("config file"):  # which file to fix (a --set names itself)
+                line = line.replace(
+                    f"config key '{shortened(key)}'", f"config key '{shortened(key)}' (from {source})", 1
+                )
+            explained.append(line)
+        raise ConfigError("; ".join(explained)) from None
 
 
 def config_with(

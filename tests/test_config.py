@@ -147,8 +147,8 @@ def test_a_huge_value_is_shown_shortened_in_the_error(tmp_path):
     with pytest.raises(ConfigError) as raised:
         load_config(huge)
     message = str(raised.value)
-    assert message.startswith("config key 'train.epochs': a positive whole number of epochs, or auto, got 'xxx")
-    assert message.endswith("... (900002 characters)") and len(message) < SHOWN_CHARACTERS + 200
+    assert message.startswith(f"config key 'train.epochs' (from config file {huge}): a positive whole number")
+    assert message.endswith("... (900002 characters)") and len(message) < SHOWN_CHARACTERS + 300
     with pytest.raises(ConfigError) as raised:
         load_config(overrides=["y" * 100_000])
     assert str(raised.value) == f"--set expects key.path=value, got '{'y' * SHOWN_CHARACTERS}... (100000 characters)'"
@@ -338,3 +338,18 @@ def test_a_worker_count_that_would_fork_without_end_is_refused():
     """Attack round 15: train.num_workers took 100000000 (and 100 forked 100 processes on 2 cores)."""
     with pytest.raises(ConfigError, match="config key 'train.num_workers': Input should be less than or equal to 64"):
         load_config(overrides=["train.num_workers=100000000"])
+
+
+def test_a_config_file_value_of_the_wrong_type_names_the_file(tmp_path):
+    """Attack round 15: `train --resume` of a run whose config.yaml was edited to a wrong type named the
+    key but not the file, so a user looked for a --set they never gave."""
+    (tmp_path / "config.yaml").write_text("train:\n  batch_size: eight\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "config.yaml")
+    assert str(info.value) == (
+        f"config key 'train.batch_size' (from config file {tmp_path / 'config.yaml'}): "
+        "Input should be a valid integer (got 'eight')"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "config.yaml", ["train.batch_size=x"])  # the override wins and names itself
+    assert "from config file" not in str(info.value)

@@ -714,3 +714,21 @@ def test_embeddings_of_large_finite_values_index_as_their_directions(tmp_path):
     stored = load_index_dir(tmp_path / "ix").embeddings
     assert np.allclose(np.linalg.norm(stored, axis=1), 1, atol=1e-6)
     assert np.allclose(stored[0], [2**-0.5, 2**-0.5, 0]) and np.allclose(stored[2], stored[3])
+
+
+def test_an_ivf_index_of_no_lists_is_refused_at_load(small_index, tmp_path):
+    """Attack round 15: an IVF0,Flat index dir (an older release wrote one with exit 0) made search and
+    audit an internal error ("cur_nprobe > 0 failed")."""
+    import faiss
+
+    from receipt_embed.indexing.index_dir import sha256_file
+
+    index = copy_index(small_index, tmp_path / "ix")
+    stored = load_index_dir(index).embeddings
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(stored.shape[1]), stored.shape[1], 0, faiss.METRIC_INNER_PRODUCT)
+    ivf.is_trained = True
+    faiss.write_index(ivf, str(index / "index.faiss"))
+    reseal(index, "index.faiss")
+    with pytest.raises(IndexDirError, match="index.faiss is an IVF index with no lists; build it again with IVF1"):
+        load_index_dir(index)
+    assert sha256_file(index / "index.faiss")

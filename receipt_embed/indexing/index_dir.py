@@ -246,7 +246,7 @@ def _check_file(path: Path, expected: dict) -> None:
 
 def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
     """Load an index dir, checking every file against index.json (``verify``)."""
-    from receipt_embed.indexing.factory import search_candidates, set_search_params
+    from receipt_embed.indexing.factory import nlist_of, search_candidates, set_search_params
 
     path = Path(path)
     meta = read_meta(path)
@@ -271,6 +271,8 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
         raise IndexDirError(f"{path / EMBEDDINGS_FILE} cannot be read: {exc}") from None
     check_items(items, path / ITEMS_FILE, IndexDirError)
     check_embeddings(embeddings, path / EMBEDDINGS_FILE, IndexDirError)
+    if nlist_of(index) == 0:  # an IVF index of no lists (an older release wrote one): FAISS fails searching it
+        raise IndexDirError(f"{path / INDEX_FILE} is an IVF index with no lists; build it again with IVF1 or more")
     count, dim = meta["count"], meta["dim"]
     problems = []
     if index.ntotal != count or index.d != dim:

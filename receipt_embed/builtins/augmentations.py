@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from receipt_embed.builtins import lazy_target
 from receipt_embed.hookspecs import hookimpl
 
 
@@ -17,18 +18,9 @@ def build_capture(image_size, **params):
     return build(tuple(image_size), **params)
 
 
-def _presets(name: str):
-    def target():
-        from receipt_embed.augment import presets
-
-        return getattr(presets, name)
-
-    return target
-
-
 # the presets' annotations, for the registry's checks (`strength: abc` is named, not a TypeError deep inside)
-build_none.signature_target = _presets("build_none")
-build_capture.signature_target = _presets("build_capture")
+build_none.signature_target = lazy_target("receipt_embed.augment.presets", "build_none")
+build_capture.signature_target = lazy_target("receipt_embed.augment.presets", "build_capture")
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from receipt_embed.builtins import lazy_target
 from receipt_embed.hookspecs import hookimpl
 
 
@@ -13,13 +14,10 @@ def _factory(class_name: str):
 
         return getattr(losses, class_name)(**params)
 
-    def target():
-        from receipt_embed import losses
-
-        return getattr(losses, class_name)
-
     build.__name__ = build.__qualname__ = f"build_{class_name}"
-    build.signature_target = target  # its parameters' annotations, for the registry's checks
+    build.signature_target = lazy_target(
+        "receipt_embed.losses", class_name
+    )  # its parameters' annotations, for the registry's checks
     return build
 
 

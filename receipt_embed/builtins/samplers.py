@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from receipt_embed.builtins import lazy_target
 from receipt_embed.hookspecs import hookimpl
 
 
@@ -17,18 +18,9 @@ def build_pk(identities, batch_size, seed, **params):
     return PKSampler(identities, batch_size, seed, **params)
 
 
-def _sampler_class(name: str):
-    def target():
-        from receipt_embed.sampling import samplers
-
-        return getattr(samplers, name)
-
-    return target
-
-
 # their parameters' annotations, for the registry's checks (k=3.0 would fail deep inside)
-build_unique_identity.signature_target = _sampler_class("UniqueIdentitySampler")
-build_pk.signature_target = _sampler_class("PKSampler")
+build_unique_identity.signature_target = lazy_target("receipt_embed.sampling.samplers", "UniqueIdentitySampler")
+build_pk.signature_target = lazy_target("receipt_embed.sampling.samplers", "PKSampler")
 
 
 @hookimpl

@@ -19,8 +19,10 @@ LAYERS = [
     {"version", "errors", "display", "batch_layout", "userfiles", "fileio", "npyfile", "stops", "orphans", "workers", "locking", "outdir", "staging", "images", "config",
      "kinds", "registry", "hookspecs", "distributed"},
     # plugins and the components they provide
-    {"plugin_manager", "plugin_loader", "builtins", "augment", "sampling", "losses", "models", "samples"},
+    {"plugin_manager", "plugin_loader", "builtins", "augment", "sampling", "losses", "models"},
     {"ingest"},
+    # sample sets, written as manifests ingest accepts (so they keep clear of its own columns)
+    {"samples"},
     {"data"},
     {"evaluation"},
     {"training"},

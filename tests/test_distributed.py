@@ -421,3 +421,18 @@ def test_which_failed_rank_torchrun_under_nproc_names(tmp_path):
     wrapped = ValueError("while stepping")
     wrapped.__cause__ = gloo
     assert lost_a_peer(gloo) and lost_a_peer(wrapped) and not lost_a_peer(RuntimeError("shapes do not match"))
+
+
+def test_a_batch_that_does_not_split_says_when_it_was_lowered_to_the_identity_count():
+    """Attack round 15 (N8): `--nproc 100000 --set train.batch_size=100000` said "batch_size 48
+    does not split": the 48 was the training identity count it had been silently lowered to."""
+    from receipt_embed.training.resume import check_batch_splits
+
+    check_batch_splits(100_000, 48, 2)  # lowered to 48, which splits over 2
+    check_batch_splits(7, 48, 7)
+    with pytest.raises(ValueError, match="^train.batch_size 7 does not split over 2 processes; use a multiple of 2$"):
+        check_batch_splits(7, 48, 2)
+    with pytest.raises(ValueError, match="batch_size 100000 is lowered to the 47 training identities, and 47 does not"):
+        check_batch_splits(100_000, 47, 2)
+    with pytest.raises(ValueError, match="100000 processes are more than the 48 training identities"):
+        check_batch_splits(100_000, 48, 100_000)

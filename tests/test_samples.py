@@ -551,3 +551,31 @@ def test_a_scan_name_that_is_not_a_file_inside_the_folder_is_refused(tmp_path, h
     what = "a link out of the folder" if hostile == "link_out" else "not a regular file"
     assert f"'{evil}' is {what}: a scan must be a file inside '{tmp_path / 'scans'}'" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_listing_fields_ingest_writes_itself_are_kept_renamed_so_the_set_ingests(tmp_path):
+    """Attack round 15 (N4): a receipts.jsonl with sha256, bytes or line fields was copied into
+    manifest.csv as it was, and ingest then refused the set make-samples had just written."""
+    folder = tmp_path / "scans"
+    (folder / "images").mkdir(parents=True)
+    render_receipt(make_receipt(5, 0)).save(folder / "images" / "000.png")
+    row = {"path": "images/000.png", "company": "SHOP A", "sha256": "abc", "bytes": 12, "line": 7, "total": "9"}
+    (folder / "receipts.jsonl").write_text(json.dumps(row) + "\n")
+    out, data = tmp_path / "out", tmp_path / "data"
+    runner = CliRunner()
+    made = runner.invoke(main, ["make-samples", "--out", str(out), "--from-scans", str(folder), "--devices", "2"])
+    assert made.exit_code == 0, made.output
+    assert "field(s) bytes, line, sha256 are written by ingest itself" in made.output
+    assert "bytes_given, line_given, sha256_given" in made.output
+    columns, rows = read_manifest(out / "manifest.csv")
+    assert columns == [*MANIFEST_COLUMNS, "sha256_given", "bytes_given", "line_given", "total"]
+    assert {(r["sha256_given"], r["bytes_given"], r["line_given"]) for r in rows} == {("abc", "12", "7")}
+    ingested = runner.invoke(main, ["ingest", str(out), "--out", str(data), "--quiet"])
+    assert ingested.exit_code == 0, ingested.output
+    kept = [json.loads(line) for line in (data / "manifest.jsonl").read_text().splitlines()]
+    assert {r["sha256_given"] for r in kept} == {"abc"} and all(len(r["sha256"]) == 64 for r in kept)
+
+    (folder / "receipts.jsonl").write_text(json.dumps(row | {"sha256_given": "x"}) + "\n")
+    clash = runner.invoke(main, ["make-samples", "--out", str(tmp_path / "o2"), "--from-scans", str(folder)])
+    assert clash.exit_code == 2
+    assert "line 1: fields 'sha256' and 'sha256_given' both given" in clash.output, clash.output

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import parse_json
+from receipt_embed.ingest.manifest import RESERVED_COLUMNS
 from receipt_embed.userfiles import UnusableFile, read_regular, read_regular_text
 
 LISTING = "receipts.jsonl"
@@ -30,6 +32,9 @@ MAX_NAME_BYTES = 200  # a scan's name becomes its captures' file names, NAME_DEV
 # listing fields that are not carried as metadata: where the scan is, its id, the columns the set
 # writes itself, and the scan's size (ingest measures each capture's own; it names any other clash)
 _NOT_METADATA = {"path", "scan_id", "company", "receipt_id", "device", "merchant", "width", "height"}
+# a listing field that ingest writes itself (sha256, bytes, line, ...) is kept under this suffix,
+# as ingest asks of a manifest: copied as it is, the set's own manifest would be refused
+GIVEN_SUFFIX = "_given"
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
         raise BadInput(f"{listing}: {exc}") from None
     root = folder.resolve()
     scans = []
+    renamed: set[str] = set()
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -149,12 +155,36 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
         name = check_scan_name(str(row.get("scan_id") or path.stem), where)
         metadata = {"merchant": _text(row.get("company"), where, "company")}
         for key, value in row.items():
-            if key not in _NOT_METADATA:
-                metadata[key] = _text(value, where, key)
+            if key in _NOT_METADATA:
+                continue
+            column = _metadata_column(key, row, where)
+            if column != key:
+                renamed.add(key)
+            metadata[column] = _text(value, where, key)
         scans.append(Scan(path, name, name, metadata))
     if not scans:
         raise BadInput(f"{listing} lists no scans")
+    if renamed:
+        warnings.warn(
+            f"{listing}: field(s) {', '.join(sorted(renamed))} are written by ingest itself; "
+            f"the manifest keeps them as {', '.join(k + GIVEN_SUFFIX for k in sorted(renamed))}",
+            stacklevel=2,
+        )
     return scans
+
+
+def _metadata_column(key: str, row: dict, where: str) -> str:
+    """The manifest column for listing field ``key``: ``key`` itself, or ``key_given`` for a
+    column ingest writes itself (refused if the listing also has ``key_given``)."""
+    if key not in RESERVED_COLUMNS:
+        return key
+    column = key + GIVEN_SUFFIX
+    if column in row:
+        raise BadInput(
+            f"{where}: fields {quoted(key)} and {quoted(column)} both given; {quoted(key)} is written by "
+            f"ingest itself and would be kept as {quoted(column)}: drop or rename one of them"
+        )
+    return column
 
 
 def _text(value, where: str, key: str) -> str:

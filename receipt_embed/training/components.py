@@ -114,7 +114,7 @@ def build_components(
     loss = build_loss(config, registry)
     sampler, batches = build_batches(config, registry, train_set, log, loss)
     if ctx.distributed:
-        check_batch_splits(min(config.train.batch_size, len(train_set.identities)), ctx.world_size)
+        check_batch_splits(config.train.batch_size, len(train_set.identities), ctx.world_size)
     views = build_views(config, registry, train_set, train_cache)
     check_encoder_output(model, config, registry)
     key_model = None

@@ -133,12 +133,26 @@ def open_run(run_dir, resume: bool, force: bool, world_size: int, config_dict: d
     return state
 
 
-def check_batch_splits(batch_size: int, world_size: int) -> None:
-    """Every process gets the same share of a global batch."""
-    if batch_size % world_size:
+def check_batch_splits(batch_size: int, identities: int, world_size: int) -> None:
+    """Every process gets the same share of a global batch. The batch used is ``batch_size``
+    lowered to the training identity count, and the message says so when it was."""
+    used = min(batch_size, identities)
+    if not used % world_size:
+        return
+    if world_size > identities:
         raise BadInput(
-            f"train.batch_size {batch_size} does not split over {world_size} processes; use a multiple of {world_size}"
+            f"{world_size} processes are more than the {identities} training identities, the largest global "
+            f"batch (train.batch_size counts identities); use at most {identities} processes"
         )
+    if used < batch_size:
+        raise BadInput(
+            f"train.batch_size {batch_size} is lowered to the {identities} training identities, and {used} does not "
+            f"split over {world_size} processes; set train.batch_size to a multiple of {world_size} "
+            f"no larger than {identities}"
+        )
+    raise BadInput(
+        f"train.batch_size {batch_size} does not split over {world_size} processes; use a multiple of {world_size}"
+    )
 
 
 def preflight(config, data_dir, out: Path, resume: bool, nproc: int, force: bool = False) -> None:
@@ -148,5 +162,5 @@ def preflight(config, data_dir, out: Path, resume: bool, nproc: int, force: bool
     check_run_out(out)
     refuse_dataset_inside(out, data_dir)
     identities = len(select_split(load_dataset_dir(data_dir), "train").identities)
-    check_batch_splits(min(config.train.batch_size, identities), nproc)
+    check_batch_splits(config.train.batch_size, identities, nproc)
     open_run(out, resume, force, nproc)

@@ -5,10 +5,13 @@ the hardest negatives a receipt has. Random batches rarely hold two of them; thi
 lays the receipts out merchant by merchant (merchants and receipts in a seeded random order)
 and cuts that order into batches, so most negatives in a batch come from the same merchant.
 The batch layout is the two-view one of ``unique_identity`` (``[first views; second views]``,
-two different captures when a receipt has them), so it works with every two-view loss.
+two different captures when a receipt has them), so it works with every two-view loss; with
+``k`` it is the ``pk`` one instead (K captures of each receipt, extra views of a receipt
+with fewer), for SupCon.
 
     receipt-embed train --data DATASET_DIR --set sampler.name=same_merchant
     receipt-embed train --data DATASET_DIR --set sampler.name=same_merchant --set "sampler.params={column: store_id}"
+    receipt-embed train --data DATASET_DIR --set sampler.name=same_merchant --set "sampler.params={k: 3}"
 
 Any receipt-level column of the manifest works (``column``). Receipts with an empty value
 are each a group of their own (counted in ``stats['ungrouped']``). A column that varies
@@ -26,6 +29,7 @@ import difflib
 
 import numpy as np
 
+from receipt_embed.batch_layout import ANY
 from receipt_embed.hookspecs import hookimpl
 from receipt_embed.sampling.samplers import two_view_batch
 
@@ -62,9 +66,23 @@ class SameGroupSampler:
 
     batch_layout = "two_view"  # [first views; second views], as unique_identity
 
-    def __init__(self, identities, batch_size: int, seed: int, metadata, column: str = "merchant", tail: str = "fill"):
+    def __init__(
+        self,
+        identities,
+        batch_size: int,
+        seed: int,
+        metadata,
+        column: str = "merchant",
+        tail: str = "fill",
+        k: int | None = None,
+    ):
         if tail not in ("fill", "drop"):
             raise ValueError(f"tail must be fill or drop, got {tail!r}")
+        if k is not None and k < 2:
+            raise ValueError(f"k must be at least 2 captures per receipt, got {k}")
+        self.k = k
+        if k is not None:
+            self.batch_layout = ANY  # K rows per receipt, in receipt order
         self.captures: dict[int, list[int]] = {}
         for index, label in enumerate(identities):
             self.captures.setdefault(int(label), []).append(index)
@@ -135,14 +153,31 @@ class SameGroupSampler:
             same_group_negatives_random=round(float(random_share), 4),
             same_capture_pairs=0,
         )
+        self.stats["extra_views"] = 0
         for receipts in batches:
+            if self.k is not None:
+                yield self._k_views(receipts, rng)
+                continue
             batch, same = two_view_batch(receipts, self.captures, rng)  # the unique_identity layout
             self.stats["same_capture_pairs"] += same
             yield batch
 
+    def _k_views(self, receipts: list[int], rng: np.random.Generator) -> list[int]:
+        """K distinct captures of each receipt; one with fewer repeats its own (extra views)."""
+        batch = []
+        for receipt in receipts:
+            captures = self.captures[receipt]
+            if len(captures) >= self.k:
+                batch.extend(captures[i] for i in rng.choice(len(captures), self.k, replace=False))
+            else:
+                order = [captures[i] for i in rng.permutation(len(captures))]
+                self.stats["extra_views"] += self.k - len(captures)
+                batch.extend(order[i % len(order)] for i in range(self.k))
+        return batch
 
-def build(identities, batch_size, seed, metadata, column: str = "merchant", tail: str = "fill"):
-    return SameGroupSampler(identities, batch_size, seed, metadata, column=column, tail=tail)
+
+def build(identities, batch_size, seed, metadata, column: str = "merchant", tail: str = "fill", k: int | None = None):
+    return SameGroupSampler(identities, batch_size, seed, metadata, column=column, tail=tail, k=k)
 
 
 @hookimpl
@@ -150,5 +185,5 @@ def register_samplers(register):
     register(
         "same_merchant",
         build,
-        description="batches of same-merchant receipts (any receipt-level column: param column) for hard negatives",
+        description="batches of same-merchant receipts (param column; k: K captures each) for hard negatives",
     )

@@ -28,6 +28,7 @@ from pydantic import (
     Strict,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from receipt_embed.display import shortened
@@ -36,6 +37,15 @@ from receipt_embed.errors import BadInput
 
 class ConfigError(BadInput):
     """The configuration is invalid; the message names the key."""
+
+
+class KeysDisagree(ValueError):
+    """Values that are each valid but not together (raised by a check across sections); ``key``
+    is the one the message is about."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(problem)
+        self.key = key
 
 
 class _Section(BaseModel):
@@ -82,11 +92,23 @@ MAX_WIDTH = 65536
 MIN_SIDE = 16  # smaller inputs vanish in the encoders' strided layers (and mean nothing on a receipt)
 Side = Annotated[int, Strict(), Field(ge=MIN_SIDE, le=MAX_SIDE)]
 Width = Annotated[int, Strict(), Field(gt=0, le=MAX_WIDTH)]
+# captures are decoded and cached at train.cache_margin x data.image_size; the cache is held to the
+# same side limit as the model input (a margin of 2000 decoded 24 GB per capture)
+MAX_CACHE_MARGIN = 4
+
+
+def cache_size(image_size: tuple[int, int], margin: float = 1.25) -> tuple[int, int]:
+    """Cached resolution (``train.cache_margin`` x ``data.image_size``): a margin above the model
+    input so crops keep detail."""
+    height, width = image_size
+    return round(height * margin), round(width * margin)
 
 
 class DataConfig(_Section):
     image_size: tuple[Side, Side]
     grayscale: Bool
+    # a default here too: checkpoints written before the key existed must still load
+    page_crop: Bool = False
 
 
 class IngestConfig(_Section):
@@ -118,9 +140,14 @@ class ModelConfig(_Section):
     params: Params = Field(default_factory=dict)  # extra keyword arguments for the encoder plugin
 
 
+# far above any softmax temperature that trains (0.05 to 1); at 1e300 every logit is 0 in float32
+# and the loss is NaN
+MAX_TEMPERATURE = 100
+
+
 class LossConfig(_Section):
     name: str
-    temperature: Float = Field(gt=0)
+    temperature: Float = Field(gt=0, le=MAX_TEMPERATURE)
     koleo_weight: Float = Field(default=0.0, ge=0, allow_inf_nan=False)
     params: Params
 
@@ -147,7 +174,7 @@ class TrainConfig(_Section):
     precision: Literal["fp32", "bf16"]
     num_workers: Int = Field(ge=0, le=64)  # worker processes; more is a fork bomb, not a speed-up
     deterministic: Bool
-    cache_margin: Float = Field(ge=1)
+    cache_margin: Float = Field(ge=1, le=MAX_CACHE_MARGIN)
     eval_batch_size: PositiveInt
     bn_recalibrate: Int = Field(ge=0)
     select_on: Literal["backbone", "head"]
@@ -175,6 +202,17 @@ class Config(_Section):
     sampler: SamplerConfig
     train: TrainConfig
     plugins: PluginsConfig
+
+    @model_validator(mode="after")
+    def _cache_within_limits(self):
+        cached = cache_size(tuple(self.data.image_size), self.train.cache_margin)
+        if max(cached) > MAX_SIDE:
+            raise KeysDisagree(
+                "train.cache_margin",
+                f"{self.train.cache_margin:g} x data.image_size {list(self.data.image_size)} caches images of "
+                f"{cached[0]} x {cached[1]}, over {MAX_SIDE} a side; use a smaller train.cache_margin or data.image_size",
+            )
+        return self
 
 
 # a config is a page of YAML; anything far larger is not one
@@ -207,7 +245,10 @@ def _explain(error: dict) -> str:
     if error["type"] == "missing":
         return f"missing config key '{key}'"
     if error["type"] == "value_error":
-        return f"config key '{key}': {shortened(error['ctx']['error'])}"
+        problem = error["ctx"]["error"]
+        if isinstance(problem, KeysDisagree):  # a check across sections: its key is not the location
+            key = problem.key
+        return f"config key '{key}': {shortened(str(problem))}"
     return f"config key '{key}': {error['msg']} (got {shortened(repr(error.get('input')))})"
 
 

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from receipt_embed.config import Config
-from receipt_embed.data.cache import ImageCache, cache_size
+from receipt_embed.config import Config, KeysDisagree, cache_size
+from receipt_embed.data.cache import ImageCache
 from receipt_embed.data.views import clean_batches
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.models.embedder import Embedder
 from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint, load_weights
@@ -30,6 +31,7 @@ class LoadedModel:
     model: Embedder
     config: Config
     checkpoint: Path
+    registry: object = None  # the components' registry: a plugin encoder's failure names it
 
 
 def load_model(checkpoint: str | Path, registry) -> LoadedModel:
@@ -45,8 +47,10 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
         config = Config.model_validate(state["config"])
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise CheckpointError(f"{checkpoint}: config.{where}: {first['msg']}") from None
+        where, problem = ".".join(str(part) for part in first["loc"]), first["msg"]
+        if isinstance(first.get("ctx", {}).get("error"), KeysDisagree):  # a check across sections names its key
+            where, problem = first["ctx"]["error"].key, shortened(str(first["ctx"]["error"]))
+        raise CheckpointError(f"{checkpoint}: config.{where}: {problem}") from None
     try:
         model = build_model(config, registry, from_checkpoint=True)
     except ComponentError as exc:
@@ -59,7 +63,7 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
         raise
     load_weights(model, state["model"], checkpoint)
     model.eval()
-    return LoadedModel(model, config, Path(checkpoint))
+    return LoadedModel(model, config, Path(checkpoint), registry)
 
 
 SLICE_BYTES = 256 * 2**20  # decoded captures held at once while embedding
@@ -93,10 +97,27 @@ def embed_paths(
                 max_pixels=config.ingest.max_pixels,
                 max_bytes=config.ingest.max_bytes,
                 digests=None if digests is None else digests[start : start + step],
+                crop_page=config.data.page_crop,
             )
             for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
-                backbone, head = loaded.model(images)
+                with _encoder_errors(loaded):
+                    backbone, head = loaded.model(images)
                 out.append((backbone if features == "backbone" else head).float().numpy())
                 bar.update(len(images))
-    dim = loaded.model.head.out_dim if features == "head" else loaded.model.encoder.feature_dim
-    return np.concatenate(out) if out else np.zeros((0, dim), np.float32)
+    return np.concatenate(out) if out else np.zeros((0, embedding_dim(loaded, features)), np.float32)
+
+
+def embedding_dim(loaded: LoadedModel, features: str = "backbone") -> int:
+    """The length of the ``features`` embeddings the model gives, known before any image is embedded."""
+    return loaded.model.head.out_dim if features == "head" else loaded.model.encoder.feature_dim
+
+
+def _encoder_errors(loaded: LoadedModel):
+    """Around the model's forward: a plugin encoder that fails (or raises an exit of its own) is named."""
+    from contextlib import nullcontext
+
+    from receipt_embed.registry import plugin_errors
+
+    if loaded.registry is None:
+        return nullcontext()
+    return plugin_errors(loaded.registry, "encoder", loaded.config.model.encoder, "embedding captures")

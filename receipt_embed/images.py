@@ -107,14 +107,20 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
 
 
 def resize_bytes(
-    data: bytes, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS, name: str = "<bytes>"
+    data: bytes,
+    size: tuple[int, int],
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    name: str = "<bytes>",
+    crop_page: bool = False,
 ) -> np.ndarray:
-    """Decode an encoded capture straight to (height, width) RGB uint8.
+    """Decode an encoded capture straight to (height, width) RGB uint8; with ``crop_page``,
+    cut to the paper first (:mod:`receipt_embed.page_crop`).
 
     The pixel count is checked from the header before anything is decoded, so a
     decompression bomb is refused without allocating it. JPEG's DCT scaling (Pillow draft
     mode) decodes at 1/2, 1/4 or 1/8 resolution when the target is small, which is several
-    times faster than a full decode followed by a resize."""
+    times faster than a full decode followed by a resize (at twice the size when a crop
+    will enlarge part of the frame)."""
     height, width = size
     if not data:
         raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
@@ -127,9 +133,14 @@ def resize_bytes(
                     f"{name}: {image.size[0]}x{image.size[1]} = {pixels} pixels exceeds the limit "
                     f"of {max_pixels} (possible decompression bomb; raise ingest.max_pixels if it is genuine)",
                 )
-            side = max(height, width)
+            side = max(height, width) * (2 if crop_page else 1)
             image.draft("RGB", (side, side))
             image = _to_rgb(ImageOps.exif_transpose(image))
+            if crop_page:
+                from receipt_embed.page_crop import page_box, with_margin
+
+                top, bottom, left, right = with_margin(page_box(np.asarray(image)), image.height, image.width)
+                image = image.crop((left, top, right, bottom))
             resized = image.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
     except ImageRejected:
         raise

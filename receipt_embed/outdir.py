@@ -40,6 +40,7 @@ WHAT = {
     "shard": "a shard dir",
     "audit": "an audit report dir",
     "run": "a run dir",
+    "demo": "a demo run",
 }
 
 
@@ -145,14 +146,15 @@ def _ours_hidden(name: str) -> bool:
 
 # dirs written whole: nothing else may be written inside one, or replacing it would be refused
 # (or, for a nested dir of ours, lost); an index dir's own audit/ report dir is the one exception
-WHOLE = ("dataset", "index", "shard", "audit", "run")  # `train --force` replaces a run dir whole too
+# `train --force` replaces a run dir whole too, and `make-samples --force` a samples dir
+WHOLE = ("dataset", "index", "shard", "audit", "run", "samples")
 # (enclosing kind, kind) -> the one name it may have there: INDEX/audit (any name), RUN/dataset (the
 # samples `train` ingests when no --data is given; a run's replacement keeps it)
 NESTED_OK = {("index", "audit"): None, ("run", "dataset"): "dataset"}
 
 
 def enclosing_dir(out: str | os.PathLike) -> tuple[Path, str] | None:
-    """The nearest folder above ``out`` that is a dataset, index, shard, audit or run dir of ours, and its kind."""
+    """The nearest folder above ``out`` that is a dataset, index, shard, audit, run or samples dir of ours, and its kind."""
     out = Path(os.path.abspath(out))
     for parent in [*out.parents, *Path(out).resolve().parents]:
         for kind in WHOLE:
@@ -162,7 +164,8 @@ def enclosing_dir(out: str | os.PathLike) -> tuple[Path, str] | None:
 
 
 def refuse_nested(out: str | os.PathLike, kind: str) -> None:
-    """Refuse an ``out`` inside a dir that receipt-embed writes whole (``DATASET/run``, ``INDEX/idx``)."""
+    """Refuse an ``out`` inside a dir that receipt-embed writes whole (``DATASET/run``, ``INDEX/idx``,
+    ``SAMPLES/pairs.csv``)."""
     found = enclosing_dir(out)
     if found is None:
         return
@@ -180,9 +183,26 @@ def refuse_nested(out: str | os.PathLike, kind: str) -> None:
     )
 
 
+def refuse_current_dir(out: str | os.PathLike) -> None:
+    """Refuse an ``out`` that is, or holds, the current directory: it is swapped whole, and the shell
+    that ran the command would be left in a deleted directory (``--out .``, ``--out ..``)."""
+    try:
+        here, target = Path(os.getcwd()).resolve(), Path(out).resolve()
+    except (OSError, RuntimeError):  # the current directory is gone already, or a link loop (refused later)
+        return
+    if here == target:
+        raise BadInput(f"--out {out} is the current directory; give a path to a new or existing output dir")
+    if here.is_relative_to(target):
+        raise BadInput(
+            f"--out {out} holds the current directory ({here}), and it is replaced whole: give a path to "
+            "another output dir, or cd out of it first"
+        )
+
+
 def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
     """Refuse to write ``kind`` into ``out`` unless it is absent, empty, or ours of that kind with ``force``,
-    and never inside another dir that is replaced whole."""
+    never inside another dir that is replaced whole, and never the current directory."""
+    refuse_current_dir(out)
     refuse_nested(out, kind)
     if Path(out).is_symlink():
         raise BadInput(
@@ -217,4 +237,4 @@ def refuse_own_input(out: str | os.PathLike, inputs: dict[str, str | os.PathLike
             )
 
 
-__all__ = ["MARKERS", "check_replaceable", "dir_kind", "refuse_nested", "refuse_own_input"]
+__all__ = ["MARKERS", "check_replaceable", "dir_kind", "refuse_current_dir", "refuse_nested", "refuse_own_input"]

@@ -39,9 +39,12 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @contextlib.contextmanager
-def plugin_errors(registry: Registry, kind: str, name: str, doing: str):
+def plugin_errors(registry: Registry, kind: str, name: str, doing: str, exits_only: bool = False):
     """Errors raised inside a third-party component become one line naming it and where in
-    its code it failed (built-ins keep their tracebacks: a bug there is ours)."""
+    its code it failed (built-ins keep their tracebacks: a bug there is ours). An exit or a
+    KeyboardInterrupt the plugin raises itself (not a stop signal) is its failure too, never the
+    silent end of the command. ``exits_only``: only those are turned, for a block that runs
+    receipt-embed's own code around the plugin's (whose errors are not the plugin's)."""
     component = registry.get(kind, name)
     if component.plugin.startswith("builtin."):
         yield
@@ -50,14 +53,19 @@ def plugin_errors(registry: Registry, kind: str, name: str, doing: str):
         yield
     except ComponentError:
         raise
-    except Exception as exc:
+    except BaseException as exc:
         import traceback
 
+        from receipt_embed.stops import is_real_stop
+
+        if is_real_stop(exc) or (exits_only and isinstance(exc, Exception)):
+            raise  # a real stop signal arrived while the plugin's code ran, or an error of our own code
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        text = _described(exc)
         raise ComponentError(
             f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}) failed while {doing}: "
-            f"{type(exc).__name__}: {exc}{where}"
+            f"{type(exc).__name__}{': ' + text if text else ''}{where}"
         ) from exc
 
 

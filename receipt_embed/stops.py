@@ -1,4 +1,7 @@
-"""How SIGINT and SIGTERM stop a command: one line, the signal's exit code, nothing half-written.
+"""How SIGINT, SIGTERM and SIGHUP stop a command: one line, the signal's exit code, nothing half-written.
+
+SIGHUP (the terminal closed) stops a command as SIGTERM does, unless the command was started
+with SIGHUP ignored (``nohup``): then it stays ignored.
 
 In the main thread a stop signal raises :class:`StoppedBySignal` (a ``SystemExit`` with code 130
 or 143), so a writer unwinds through its ``finally`` blocks: its lock is released and its
@@ -27,6 +30,12 @@ received: list[int] = []  # exit codes of the stop signals this command (or libr
 _first_stop_at: list[float] = []  # when the first stop signal of this process arrived
 _in_command: list[bool] = []  # inside signals_stop_the_command: a whole command, one per process
 REPEAT_WINDOW_S = 1.0  # a stop signal this soon after the first is the same stop sent twice
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop a command: SIGINT, SIGTERM, and SIGHUP unless it is ignored (nohup)."""
+    hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGINT, signal.SIGTERM, *hangup)
 
 
 def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
@@ -132,7 +141,7 @@ def sigterm_unwinds() -> Iterator[None]:
 
 @contextmanager
 def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
-    """For a whole command: SIGINT and SIGTERM raise :class:`StoppedBySignal` (exit 130 or 143), so a
+    """For a whole command: SIGINT, SIGTERM and SIGHUP raise :class:`StoppedBySignal` (exit 130, 143, 129), so a
     stop outside any lock is the same one line and exit code as inside one, not click's "Aborted!"
     with exit 1 nor a silent death by the signal. The program itself keeps them to its end
     (``restore=False``); its exit path takes over in ``receipt_embed.cli.run``."""
@@ -140,7 +149,7 @@ def signals_stop_the_command(restore: bool = True) -> Iterator[None]:
     _first_stop_at.clear()
     _in_command.append(True)
     try:
-        with _stopping_on((signal.SIGINT, signal.SIGTERM), restore):
+        with _stopping_on(stop_signals(), restore):
             yield
     finally:
         _in_command.pop()

@@ -248,6 +248,31 @@ def test_audit_input_errors(cli, indexes, tmp_path):
     assert result.returncode == 2 and "is a file" in result.stderr
 
 
+def test_a_column_given_as_attribute_and_as_context_is_refused(cli, tmp_path):
+    """Attack round 16 (F14): `--attribute device --context-attribute device` dropped the context
+    request without a word and flagged device (exit 0). A column cannot be both: one line, exit 2."""
+    from receipt_embed.audit.run import run_audit
+    from receipt_embed.errors import BadInput
+    from receipt_embed.indexing.build import index_embeddings
+
+    x, items, _, _ = synthetic(1.6, receipts=20)
+    np.save(tmp_path / "x.npy", x.astype(np.float32))
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps({**item, "path": "none.jpg"}) + "\n" for item in items))
+    index_embeddings(tmp_path / "x.npy", tmp_path / "manifest.jsonl", tmp_path / "index")
+    result = cli(
+        "audit-shortcuts", tmp_path / "index", "--attribute", "device", "--context-attribute", "device",
+        "--out", tmp_path / "r", "-q",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == (
+        "Error: --attribute 'device' and --context-attribute 'device': a column cannot be both audited (and "
+        "flagged) and used as context (never flagged); give it to one of them\n"
+    )
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(BadInput, match="'device' is given both as an attribute to audit and as a context attribute"):
+        run_audit(tmp_path / "index", ["device"], tmp_path / "r", context=("device",))
+
+
 def test_report_renders_in_a_headless_browser(cli, indexes):
     """The report opened by Chromium (Qt WebEngine): verdict shown, every image decoded."""
     pytest.importorskip("PyQt6.QtWebEngineWidgets", reason="PyQt6-WebEngine not installed")

@@ -114,6 +114,80 @@ def test_a_nan_threshold_is_refused_not_compared(cli, tmp_path, args):
     assert result.returncode == 2 and "nan is not a number; give a finite value" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["ingest", str(REPO / "data_samples"), "--out", ""], "--out"),
+        (["index", "--out", "", "--embeddings", "x.npy", "--manifest", "."], "--out"),
+        (["index-merge", ".", "--out", ""], "--out"),
+        (["train", "--out", "", "--data", "."], "--out"),
+        (["demo", "--out", ""], "--out"),
+        (["make-samples", "--out", ""], "--out"),
+        (["audit-shortcuts", ".", "--out", ""], "--out"),
+        (["search", ".", "--all-pairs", "--out", ""], "--out"),
+        (["ingest", "", "--out", "x"], "SOURCE"),
+        (["train", "--data", "", "--out", "x"], "--data"),
+        (["search", ".", ""], "a value of IMAGES"),
+        (["--plugins-dir", "", "config"], "--plugins-dir"),
+        (["config", "--config", ""], "--config"),
+    ],
+    ids=[
+        *(f"{command}-out" for command in ("ingest", "index", "index-merge", "train", "demo", "make-samples")),
+        *("audit-out", "all-pairs-out", "ingest-source", "train-data", "search-images", "plugins-dir", "config"),
+    ],
+)
+def test_an_empty_path_is_refused_in_one_line(cli, tmp_path, args, name):
+    """Attack round 16 (F5): `--out ''` (an unset shell variable, `--out "$OUT"`) was taken as the
+    current directory: ingest and index wrote their output there and swapped the shell's directory
+    away, train wrote a run into it, and messages printed a blank name."""
+    here = tmp_path / "here"
+    here.mkdir()
+    result = cli(*args, cwd=here)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"Error: {name} is empty (an unset shell variable?)\n"
+    assert here.is_dir() and list(here.iterdir()) == []
+
+
+def test_every_path_option_and_argument_refuses_an_empty_value():
+    """Attack round 16 (F5): every command's path options and arguments use the shared path type, so
+    an empty one is refused before the command runs, whatever the command."""
+    import click
+
+    from receipt_embed.cli import COMMANDS, main
+    from receipt_embed.cli.options import GivenPath
+
+    ctx = click.Context(main)
+    commands = [main, *(main.get_command(ctx, name) for name in COMMANDS)]
+    plain = [
+        f"{command.name} {param.name}"
+        for command in commands
+        for param in command.params
+        if isinstance(param.type, click.Path) and not isinstance(param.type, GivenPath)
+    ]
+    assert plain == []
+
+
+@pytest.mark.parametrize("args", [["config"], ["search", "{tmp}/index", "{tmp}/a.jpg"]], ids=["config", "search"])
+def test_a_deleted_current_directory_is_one_line_and_exit_2(tmp_path, args):
+    """Attack round 16 (F6): run from a deleted working directory, `config` (looking for ./plugins)
+    was an "internal error: FileNotFoundError", and the commands that load torch died with "Intel
+    oneMKL FATAL ERROR: Cannot load libtorch_cpu.so", which reads like a broken install."""
+    import shlex
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    command = " ".join(shlex.quote(a.replace("{tmp}", str(tmp_path))) for a in args)
+    script = f"cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec "
+    script += f"{shlex.quote(sys.executable)} -m receipt_embed {command}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "Error: the current directory no longer exists (deleted or replaced): cd to an existing directory "
+        "and run again\n"
+    )
+
+
 def test_make_samples_from_scans_that_is_a_fifo_is_a_usage_error(cli, tmp_path):
     """Attack round 5: a FIFO passed click's folder check and came back as an internal error."""
     import os

@@ -101,6 +101,74 @@ def test_capture_views_differ_between_draws():
     assert not np.array_equal(first, second)
 
 
+def test_shrinking_onto_a_background_keeps_the_whole_page_smaller_in_the_frame():
+    """`min_page_scale` (issue 15): the page comes out smaller in an unchanged frame, on a
+    plain background, as from further away or in a screenshot; crops alone only zoom in."""
+    import cv2
+
+    from receipt_embed.augment.presets import ShrinkOntoBackground
+
+    page = np.full((120, 60, 3), 255, np.uint8)
+    page[10:20, 5:55] = 0
+    shrink = ShrinkOntoBackground((0.5, 0.5), p=1.0)
+    shrink.set_random_seed(3)
+    out = shrink(image=page)["image"]
+    params = shrink.get_params()
+    shrink.set_random_seed(3)
+    assert np.array_equal(shrink(image=page)["image"], out)
+    assert out.shape == page.shape and out.dtype == np.uint8
+    white = np.all(out == 255, axis=2)
+    rows, cols = np.nonzero(white)
+    assert (rows.max() - rows.min() + 1, cols.max() - cols.min() + 1) == (60, 30)  # the page at half size
+    y, x = rows.min(), cols.min()
+    assert np.array_equal(out[y : y + 60, x : x + 30], cv2.resize(page, (30, 60), interpolation=cv2.INTER_AREA))
+    outside = np.ones(white.shape, bool)
+    outside[y : y + 60, x : x + 30] = False
+    background = out[outside].astype(float)
+    assert background.std() < 8 and abs(background.mean() - out[0, 0].mean()) < 12  # plain, one level
+    assert set(params) == {"scale", "left", "top", "level", "noise_seed"}
+    with pytest.raises(ValueError, match=r"page scale range must lie in \[0.1, 1\]"):
+        ShrinkOntoBackground((0.05, 1.0))
+    with pytest.raises(ValueError, match=r"min_page_scale must be in \[0.1, 1\], got 1.5"):
+        REGISTRY.create("augmentation", "capture", image_size=(64, 32), min_page_scale=1.5)
+    with pytest.raises(ValueError, match=r"max_perspective must be in \[0.02, 0.3\], got 0.5"):
+        REGISTRY.create("augmentation", "capture", image_size=(64, 32), max_perspective=0.5)
+    steps = REGISTRY.create("augmentation", "capture", image_size=(64, 32), min_page_scale=0.6).transforms
+    assert [type(t).__name__ for t in steps].index("ShrinkOntoBackground") == 3  # after the crop, before the light
+    assert "ShrinkOntoBackground" not in [
+        type(t).__name__ for t in REGISTRY.create("augmentation", "capture", image_size=(64, 32)).transforms
+    ]
+
+
+def test_uneven_fade_pales_the_ink_towards_the_paper_and_leaves_the_paper():
+    """`harsh` (issue 15): ink faded by a smooth field, by at most the range's low end; the
+    paper level (the page's 95th percentile) is where faded ink goes, and stays as it was."""
+    from receipt_embed.augment.presets import UnevenFade
+
+    page = np.full((120, 60, 3), 240, np.uint8)
+    page[5:115:10, 5:55] = 40
+    fade = UnevenFade((0.25, 0.25), p=1.0)  # one factor everywhere: ink darkness 200 -> 50
+    fade.set_random_seed(0)
+    out = fade(image=page)["image"]
+    assert np.array_equal(out[page == 240], page[page == 240])
+    assert np.all(out[page == 40] == 190)
+    varied = UnevenFade((0.0, 1.0), p=1.0)
+    varied.set_random_seed(5)
+    faded = varied(image=page)["image"][page == 40].astype(int)
+    assert faded.min() >= 40 and faded.max() <= 240 and faded.std() > 10  # it varies across the page
+    varied.set_random_seed(5)
+    assert np.array_equal(varied(image=page)["image"][page == 40], faded)
+    with pytest.raises(ValueError, match=r"fade keep range must lie in \[0, 1\]"):
+        UnevenFade((0.5, 1.5))
+    with pytest.raises(ValueError, match=r"augment harsh must be in \[0, 1\], got 2"):
+        REGISTRY.create("augmentation", "capture", image_size=(64, 32), harsh=2)
+    names = [
+        type(t).__name__ for t in REGISTRY.create("augmentation", "capture", image_size=(64, 32), harsh=0.3).transforms
+    ]
+    assert {"UnevenFade", "Illumination", "Downscale", "GridDistortion"} <= set(names)
+    assert names.index("Downscale") < names.index("ImageCompression") and names[0] == "GridDistortion"
+
+
 def test_builtin_parameters_take_numbers_of_their_annotated_kind():
     """Attack round 13: `sampler.params.k=3.0` was an internal TypeError deep in the sampler and
     `loss.params.tau_plus=false` trained with 0; the lazy built-in factories now show the registry

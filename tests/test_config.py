@@ -353,3 +353,19 @@ def test_a_config_file_value_of_the_wrong_type_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "config.yaml", ["train.batch_size=x"])  # the override wins and names itself
     assert "from config file" not in str(info.value)
+
+
+def test_a_cache_margin_that_would_decode_without_limit_is_refused():
+    """Attack round 16 (F1): train.cache_margin had no upper bound: 1000 passed `config`, and train,
+    index and search then decoded each capture to margin x data.image_size (24 GB a capture at 2000).
+    The margin is at most 4 and the cached size is held to the 2048-a-side limit of data.image_size."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["train.cache_margin=1000"])
+    assert str(info.value) == "config key 'train.cache_margin': Input should be less than or equal to 4 (got 1000)"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["data.image_size=[2048,1024]"])  # at the default margin of 1.25
+    assert str(info.value) == (
+        "config key 'train.cache_margin': 1.25 x data.image_size [2048, 1024] caches images of 2560 x 1280, "
+        "over 2048 a side; use a smaller train.cache_margin or data.image_size"
+    )
+    assert load_config(overrides=["train.cache_margin=4", "data.image_size=[512,256]"]).train.cache_margin == 4

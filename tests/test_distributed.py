@@ -436,3 +436,16 @@ def test_a_batch_that_does_not_split_says_when_it_was_lowered_to_the_identity_co
         check_batch_splits(100_000, 47, 2)
     with pytest.raises(ValueError, match="100000 processes are more than the 48 training identities"):
         check_batch_splits(100_000, 48, 100_000)
+
+
+def test_nproc_is_capped_before_anything_starts(tmp_path):
+    """Attack round 16 (note a): `--nproc` was bounded only by the training identity count, so
+    `--nproc 120` would start 120 torch processes on a two-core machine."""
+    from click.testing import CliRunner
+
+    from receipt_embed.cli import main
+    from receipt_embed.cli.train import MAX_NPROC
+
+    result = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "run"), "--nproc", str(MAX_NPROC + 1)])
+    assert result.exit_code == 2 and f"{MAX_NPROC + 1} is not in the range 1<=x<={MAX_NPROC}" in result.output
+    assert not (tmp_path / "run").exists()

@@ -188,6 +188,35 @@ def test_same_merchant_sampler_fills_batches_with_one_merchant(registry):
         assert same / pairs > 4 * all_same / (60 * 59 / 2)  # ~0.5 against ~0.11 at random
 
 
+def test_same_merchant_sampler_with_k_gives_k_captures_of_each_same_merchant_receipt(registry):
+    """`k` (issue 15): P receipts x K captures, the pk layout SupCon takes, still grouped by merchant."""
+    from receipt_embed.sampling import build_sampler
+    from receipt_embed.testing import check_sampler
+
+    rows, labels = _sample_rows()  # 60 receipts x 3 captures, 8 merchants
+    rows, labels = rows[1:], labels[1:]  # receipt r0000 keeps two captures
+    sampler = build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"k": 3})
+    check_sampler(sampler, labels)
+    assert sampler.batch_layout == "any"
+    merchant = {label: row["merchant"] for label, row in zip(labels, rows)}
+    batches = list(sampler)
+    seen = []
+    for batch in batches:
+        assert len(batch) == 24
+        receipts = [labels[i] for i in batch[::3]]
+        assert len(set(receipts)) == 8
+        for slot, receipt in enumerate(receipts):
+            block = batch[3 * slot : 3 * slot + 3]
+            assert {labels[i] for i in block} == {receipt}
+            assert len(set(block)) == (2 if receipt == labels[0] else 3)
+        seen += receipts
+    assert set(seen) == set(labels) and sampler.stats["extra_views"] == seen.count(labels[0])
+    assert sampler.stats["same_group_negatives"] > 4 * sampler.stats["same_group_negatives_random"]
+    assert {merchant[r] for r in seen} == set(merchant.values())
+    with pytest.raises(ValueError, match="k must be at least 2 captures per receipt, got 1"):
+        build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"k": 1})
+
+
 def test_same_merchant_sampler_errors_name_the_row_or_receipt(registry):
     from receipt_embed.sampling import build_sampler
 

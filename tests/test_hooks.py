@@ -151,6 +151,22 @@ def register_audit_checks(register):
 """
 
 
+EXITING_CHECKS = """
+from receipt_embed.hookspecs import hookimpl
+
+def exits(context):
+    raise SystemExit(0)
+
+def interrupts(context):
+    raise KeyboardInterrupt
+
+@hookimpl
+def register_audit_checks(register):
+    register("exits", lambda: exits, description="calls sys.exit(0)")
+    register("interrupts", lambda: interrupts, description="raises KeyboardInterrupt, no signal sent")
+"""
+
+
 def _index(tmp_path, alpha=1.6):
     from test_audit import synthetic
 
@@ -258,6 +274,29 @@ def test_flagged_check_fails_the_ci_gate_and_a_malformed_one_is_reported(cli, tm
         cwd=tmp_path,
     )
     assert strict.returncode == 2 and "(--strict-plugins)" in strict.stderr and "Traceback" not in strict.stderr
+
+
+@pytest.mark.hook("register_audit_checks")
+def test_a_check_that_exits_or_raises_keyboard_interrupt_is_a_failed_check_and_the_gate_still_decides(cli, tmp_path):
+    """Attack round 16 (F4): a check raising SystemExit(0) ended `audit-shortcuts --fail-on-shortcut`
+    silently with exit 0 and no report, so a CI gate passed while nothing was audited; one raising
+    KeyboardInterrupt (no signal sent) printed click's "Aborted!" (exit 1) and wrote no report."""
+    index, _, _ = _index(tmp_path)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "exiting_checks.py").write_text(EXITING_CHECKS)
+    result = cli(
+        "--plugins-dir", plugins, "audit-shortcuts", index, "--out", tmp_path / "r", "--fail-on-shortcut", "-q",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "audit check 'exits' (plugin 'exiting_checks') failed: SystemExit: 0; the audit goes on" in result.stderr
+    assert "audit check 'interrupts' (plugin 'exiting_checks') failed: KeyboardInterrupt" in result.stderr
+    assert "Aborted" not in result.stderr
+    saved = json.loads((tmp_path / "r" / "audit.json").read_text())
+    assert saved["checks"]["exits"]["error"] == "SystemExit: 0"
+    assert saved["checks"]["interrupts"]["error"] == "KeyboardInterrupt"
+    assert saved["flagged"] == ["device"] and "SHORTCUT: device" in result.stdout
+    assert result.returncode == 1, result.stdout + result.stderr  # the shortcut the audit found fails the gate
 
 
 @pytest.mark.hook("register_audit_checks")

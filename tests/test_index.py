@@ -176,6 +176,46 @@ def test_external_embeddings_become_the_same_kind_of_index_dir(cli, trained, tmp
     assert result.returncode == 2 and "--manifest" in result.stderr
 
 
+def test_rows_too_short_or_too_long_for_float32_are_refused_not_indexed(cli, tmp_path):
+    """Attack round 16 (F7): `index --embeddings` took rows of denormal floats (lengths ~1e-45, so
+    their squares underflow to 0): it wrote vectors of length ~0.004 with `normalised: true`, and
+    every reader then refused the new index dir as one that "does not hold the stored vectors"."""
+    from receipt_embed.errors import BadInput
+    from receipt_embed.indexing.build import built_vectors
+
+    vectors = np.random.default_rng(0).normal(size=(12, 16))
+    with open(tmp_path / "m.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device"])
+        writer.writerows([[f"img{i}.jpg", f"r{i // 2}", f"d{i % 3}"] for i in range(len(vectors))])
+    denormal = vectors.copy()
+    denormal[4] *= 1e-45
+    long = vectors * 1e36
+    long[7] = 3e38
+    cases = {
+        "denormal.npy": (denormal, "row 4 (0-based) has (near-)zero length 4.", "below the smallest normal float32"),
+        "long.npy": (long, "row 7 (0-based) has length 1.2e+39, beyond float32 range", "scale the embeddings down"),
+    }
+    for name, (array, *messages) in cases.items():
+        np.save(tmp_path / name, array.astype(np.float32))
+        out = tmp_path / name[:-4]
+        result = cli("index", "--embeddings", tmp_path / name, "--manifest", tmp_path / "m.csv", "--out", out)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert f"{tmp_path / name}: " in result.stderr and all(m in result.stderr for m in messages), result.stderr
+        assert not out.exists()
+    # tiny but normal rows still index, and every reader takes the dir
+    np.save(tmp_path / "tiny.npy", (vectors * 1e-37).astype(np.float32))
+    result = cli(
+        "index", "--embeddings", tmp_path / "tiny.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "t"
+    )
+    assert result.returncode == 0, result.stderr
+    pairs = cli("search", tmp_path / "t", "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "pairs.csv")
+    assert pairs.returncode == 0, pairs.stderr
+    # the vectors every index dir stores (also a model's embeddings) must come out at unit length
+    with pytest.raises(BadInput, match=r"the embedding of b\.jpg has \(near-\)zero length"):
+        built_vectors(denormal.astype(np.float32)[3:5], lambda row: f"the embedding of {'ab'[row]}.jpg")
+
+
 def _clustered(n=600, d=32, seed=0):
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(n // 3, d))
@@ -277,6 +317,20 @@ def test_index_refuses_too_many_ivf_lists_before_embedding(cli, trained, tmp_pat
     assert result.returncode == 2, result.stderr
     assert f"IVF30000000,Flat: cannot train 30000000 IVF lists on {captures} training vectors" in result.stderr
     assert "embedding" not in result.stderr and not (tmp_path / "ix").exists()
+
+
+def test_index_refuses_a_factory_faiss_cannot_build_before_embedding(cli, trained, tmp_path):
+    """Attack round 16 (F11): a `--factory` typo (`Flt`) was refused only after every capture had
+    been embedded (hours on a big archive), and `--factory 'Flat\\n'` was shown escaped twice."""
+    dataset, checkpoint = trained
+    for factory, shown in (("Flt", "'Flt'"), ("Flat\n", "'Flat\\n'")):
+        result = cli(
+            "index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "ix", "--factory", factory
+        )
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert f"Error: FAISS cannot build factory {shown} for dim " in result.stderr, result.stderr
+        assert "could not parse index string" in result.stderr and "index_factory.cpp" not in result.stderr
+        assert "embedding" not in result.stderr and not (tmp_path / "ix").exists()
 
 
 def test_query_dimension_must_match(heldout_index):

@@ -116,6 +116,31 @@ def test_each_bad_row_rejected_with_its_reason(bad_folder, tmp_path):
     assert result.report == report
 
 
+def test_a_file_listed_again_under_another_receipt_or_device_is_named_as_a_labelling_conflict(cli, tmp_path):
+    """Attack round 16 (F12): the same file listed under two receipt_ids was only `same file as line 2
+    (images//a.jpg)`: the conflict was not said, and the path shown was the repeat's own spelling,
+    reading as line 2's."""
+    (tmp_path / "images").mkdir()
+    for i in range(2):
+        (tmp_path / "images" / f"a{i}.jpg").write_bytes(_jpeg(i))
+    rows = ["images/a0.jpg,r0,phone_a", "images/./a0.jpg,r0,phone_a", "images//a0.jpg,r9,phone_b", "images/a1.jpg,r1,x"]
+    manifest = _write_csv(tmp_path, rows)
+    result = cli("ingest", manifest, "--out", tmp_path / "out", "-q")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
+    assert [(r["line"], r["reason"], r["detail"]) for r in report["rejected"]] == [
+        (3, "repeated_row", "line 3: same file as line 2 ('images/a0.jpg' on line 2, 'images/./a0.jpg' here)"),
+        (
+            4,
+            "repeated_row",
+            "line 4: same file as line 2 ('images/a0.jpg' on line 2, 'images//a0.jpg' here), labelled differently: "
+            "line 2 gives receipt 'r0', this line 'r9'; line 2 gives device 'phone_a', this line 'phone_b' "
+            "(one file is one capture: fix the manifest)",
+        ),
+    ]
+    assert "line 2 gives receipt 'r0', this line 'r9'" in result.stderr
+
+
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG that declares huge dimensions but holds almost no data: a decompression bomb
     must be refused from its header, before any pixel is decoded."""
@@ -318,6 +343,26 @@ def test_cli_exit_codes(cli, bad_folder, tmp_path):
     assert ratios.returncode == 2 and "expected three ratios" in ratios.stderr
     sums = cli("ingest", bad_folder, "--out", tmp_path / "o5", "--split-ratios", "0.5,0.5,0.5")
     assert sums.returncode == 2 and "ingest.split_ratios" in sums.stderr and "summing to 1" in sums.stderr
+
+
+def test_a_dataset_dir_given_as_source_is_named_as_one(cli, tmp_path):
+    """Attack round 16 (F15): `ingest DATASET_DIR` (ingest's own output given as its input) was told
+    to rename nine columns (sha256, width, height, ...) that ingest itself had written."""
+    (tmp_path / "caps").mkdir()
+    for i in range(2):
+        (tmp_path / "caps" / f"a{i}.jpg").write_bytes(_jpeg(i))
+    manifest = _write_csv(tmp_path / "caps", ["a0.jpg,r1,phone", "a1.jpg,r2,phone"])
+    dataset = tmp_path / "ds"
+    ingest(manifest, dataset, _settings())
+    for source in (dataset, dataset / "manifest.jsonl"):
+        result = cli("ingest", source, "--out", tmp_path / "again")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip() == (
+            f"Error: {dataset} is a dataset dir written by ingest, not a manifest to ingest: pass it to "
+            "`train --data` or `index --data` as it is, or ingest the manifest it was made from "
+            "(its ingest_report.json names it as source)"
+        )
+        assert "rename" not in result.stderr and not (tmp_path / "again").exists()
 
 
 def test_case_mismatch_in_header_gets_a_hint(tmp_path):

@@ -383,21 +383,49 @@ cli.run()
 """
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def _hangup_as_a_terminal_leaves_it():
+    """In the child: SIGHUP at its default, as a shell's command gets it (the suite itself may run
+    under nohup, which would hand the ignored SIGHUP down)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_outside_any_lock_is_one_line_and_the_signals_exit_code(sig, code):
     """Attack round 4: SIGINT outside training printed click's "Aborted!" with exit 1, and SIGTERM
-    outside a lock killed the process silently (-15); both are now the stop's line and code."""
+    outside a lock killed the process silently (-15); both are now the stop's line and code.
+    Attack round 16 (note d): SIGHUP (a closed terminal) killed a command silently."""
     child = subprocess.Popen(
         [sys.executable, "-c", NAP, "nap"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=_hangup_as_a_terminal_leaves_it,
     )
     assert child.stdout.readline().strip() == "napping"
     child.send_signal(sig)
     _, err = child.communicate(timeout=30)
     assert (child.returncode, err) == (code, f"stopped by {sig.name}\n")
+
+
+def test_a_command_started_with_sighup_ignored_keeps_ignoring_it():
+    """Attack round 16 (note d): SIGHUP now stops a command, but not one run under `nohup`, which
+    starts it with SIGHUP ignored: that one goes on (here until a SIGTERM ends it)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", NAP, "nap"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    assert child.stdout.readline().strip() == "napping"
+    child.send_signal(signal.SIGHUP)
+    time.sleep(1.5)  # past the window in which a second stop signal counts as a repeat of the first
+    assert child.poll() is None, "SIGHUP stopped a command that was started with it ignored"
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=30)
+    assert (child.returncode, err) == (143, "stopped by SIGTERM\n")
 
 
 def test_a_signal_as_the_program_ends_is_never_a_silent_death():
@@ -625,3 +653,24 @@ def test_a_rank_whose_launcher_died_stops_writing(tmp_path):
             os.kill(rank, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_training_takes_sighup_as_a_stop_that_saves_unless_it_is_ignored():
+    """Attack round 16 (note d): training's between-steps flag covers SIGHUP too (129), so a
+    closed terminal saves last.pt; with SIGHUP ignored (nohup) it stays ignored."""
+    from receipt_embed.training.signals import stop_on_signals
+    from receipt_embed.training.trainer import TrainingInterrupted
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # the suite itself may run under nohup
+    try:
+        with stop_on_signals() as received:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+        assert received == ["SIGHUP"] and TrainingInterrupted("x", received[0]).code == 129
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with stop_on_signals() as received:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+        assert received == [] and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -323,6 +323,20 @@ def test_temperature_must_be_positive(bad):
         NTXentLoss(temperature=bad)
 
 
+@pytest.mark.parametrize("name", ["ntxent", "supcon", "debiased", "hard_negative", "moco"])
+def test_a_temperature_at_which_the_loss_is_nan_is_refused(name):
+    """Attack round 16 (F13): `create_loss("ntxent", temperature=1e300)` was accepted and returned NaN
+    (every logit is 0 in float32), and the config took loss.temperature=1e300 too."""
+    import receipt_embed
+    from receipt_embed.config import ConfigError, load_config
+
+    with pytest.raises(ValueError, match=r"temperature must be at most 100, got 1e\+300"):
+        receipt_embed.create_loss(name, temperature=1e300)
+    assert receipt_embed.create_loss(name, temperature=100).temperature == 100
+    with pytest.raises(ConfigError, match="config key 'loss.temperature': Input should be less than or equal to 100"):
+        load_config(overrides=["loss.temperature=1e300"])
+
+
 def test_low_temperature_warns():
     with pytest.warns(UserWarning, match="temperature 0.01 is below 0.05"):
         SupConLoss(temperature=0.01)

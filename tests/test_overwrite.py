@@ -356,6 +356,35 @@ def test_all_pairs_out_never_goes_inside_our_dirs_nor_over_a_file_it_did_not_wri
     assert not list(tmp_path.glob(".pairs.csv.*")), "no lock or temporary file left"
 
 
+def test_nothing_is_written_inside_a_samples_dir_that_make_samples_force_replaces_whole(cli, tmp_path):
+    """Attack round 16 (F8): `search --all-pairs --out SAMPLES/pairs.csv` and `demo --out SAMPLES/demo`
+    were accepted inside a samples dir, and the next `make-samples --force` of it was then refused,
+    saying the dir held "files that receipt-embed did not write"."""
+    x, manifest = write_embeddings(tmp_path, "e", 12)
+    index = tmp_path / "ix"
+    assert cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    samples = tmp_path / "samples"
+    small = ("make-samples", "--receipts", "2", "--devices", "1", "-q", "--out", samples)
+    assert cli(*small).returncode == 0
+    before = tree_digest(samples)
+    for args, out in [
+        (("search", index, "--all-pairs", "--threshold", "-1"), samples / "pairs.csv"),
+        (("demo", "--samples", samples, "-q"), samples / "demo"),
+        (("ingest", samples, "-q"), samples / "dataset"),
+        (("make-samples", "--receipts", "1", "--devices", "1", "-q"), samples / "images" / "more"),
+    ]:
+        result = cli(*args, "--out", out)
+        assert result.returncode == 2, (args, result.stderr)
+        assert f"--out {out} is inside a samples dir ({samples}); that dir is replaced whole" in result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert tree_digest(samples) == before and sorted(p.name for p in samples.iterdir()) == [
+        "images",
+        "manifest.csv",
+        "samples.json",
+    ]
+    assert cli(*small, "--seed", "1", "--force").returncode == 0, "still replaceable"
+
+
 def test_make_samples_writes_only_its_own_samples_dirs(cli, tmp_path, dataset):
     import shutil
 
@@ -563,3 +592,40 @@ def test_ingest_into_a_run_dir_is_refused_and_the_run_is_untouched(tmp_path):
     result = run_cli("ingest", REPO / "data_samples", "--out", run / "ds")
     assert result.returncode == 2 and f"--out {run / 'ds'} is inside a run dir ({run})" in result.stderr
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]
+
+
+def test_an_out_that_is_or_holds_the_current_directory_is_refused(cli, tmp_path, monkeypatch):
+    """Attack round 16 (F5): `--out .` (or an --out above the current directory) was swapped whole like
+    any output dir, so the command wrote its output there and left the user's shell in a deleted
+    directory, where the next command failed."""
+
+    small = write_embeddings(tmp_path, "small", 12)
+    here = tmp_path / "here"
+    here.mkdir()
+    for args in (
+        ["ingest", REPO / "data_samples", "--out", "."],
+        ["index", "--embeddings", small[0], "--manifest", small[1], "--out", here],
+        ["make-samples", "--receipts", "1", "--devices", "1", "--out", "."],
+    ):
+        result = cli(*args, "-q", cwd=here)
+        assert result.returncode == 2 and "is the current directory; give a path to a new or existing output dir" in (
+            result.stderr
+        ), result.stderr
+        assert len(result.stderr.splitlines()) == 1 and here.is_dir() and list(here.iterdir()) == []
+    # from inside a samples dir, replacing it with --force would delete the shell's directory too
+    samples = tmp_path / "samples"
+    assert cli("make-samples", "--receipts", "1", "--devices", "1", "--out", samples, "-q").returncode == 0
+    before = tree_digest(samples)
+    result = cli("make-samples", "--receipts", "1", "--out", "..", "--force", "-q", cwd=samples / "images")
+    assert result.returncode == 2 and f"--out {samples} holds the current directory ({samples / 'images'})" in (
+        result.stderr
+    ), result.stderr
+    assert tree_digest(samples) == before
+    # the library refuses it too
+    from receipt_embed.errors import BadInput
+    from receipt_embed.outdir import check_replaceable
+
+    monkeypatch.chdir(here)
+    with pytest.raises(BadInput, match="is the current directory"):
+        check_replaceable(".", "index", force=True)
+    check_replaceable(here / "index", "index", force=False)

@@ -1145,6 +1145,163 @@ def test_a_factory_that_exits_is_a_component_error_naming_it(tmp_path):
     assert str(info.value).endswith("failed to build: Loud: (its message cannot be shown)")
 
 
+EXITING_COMPONENTS = """
+import numpy as np
+import torch
+from receipt_embed.hookspecs import hookimpl
+
+def stop(what):
+    raise SystemExit(0) if what == "exit" else KeyboardInterrupt()
+
+class ExitLoss(torch.nn.Module):
+    def __init__(self, what):
+        super().__init__()
+        self.what = what
+    def forward(self, z, labels):
+        stop(self.what)
+
+class ExitEncoder(torch.nn.Module):
+    feature_dim = 8
+    def __init__(self, when):
+        super().__init__()
+        self.layer, self.when = torch.nn.Linear(1, 8), when
+    def forward(self, x):
+        if len(x) > 2 and self.when == ("train" if self.training else "eval"):  # not in the two-image test
+            stop("exit")
+        return self.layer(x.mean(dim=(1, 2, 3))[:, None])
+
+class ExitSampler:
+    batch_layout = "any"
+    def __init__(self):
+        self.calls = 0
+    def __len__(self):
+        return 1
+    def set_epoch(self, epoch):
+        pass
+    def __iter__(self):
+        self.calls += 1
+        if self.calls > 1:  # not in the look at the first batch train takes before the run
+            stop("exit")
+        return iter([list(range(8))])
+
+class ExitAugment:
+    def __init__(self, image_size, what):
+        self.size, self.what, self.calls = tuple(image_size), what, 0
+    def set_random_seed(self, seed):
+        pass
+    def __call__(self, image):
+        self.calls += 1
+        if self.calls > 1:  # not in the test view
+            stop(self.what)
+        return {"image": np.ascontiguousarray(image[: self.size[0], : self.size[1]])}
+
+@hookimpl
+def register_losses(register):
+    register("exit_loss", lambda temperature, what="exit": ExitLoss(what))
+
+@hookimpl
+def register_encoders(register):
+    register("exit_encoder", lambda pretrained, in_channels, pooling, grid, when="train": ExitEncoder(when))
+
+@hookimpl
+def register_samplers(register):
+    register("exit_sampler", lambda identities, batch_size, seed: ExitSampler())
+
+@hookimpl
+def register_augmentations(register):
+    register("exit_augment", lambda image_size, what="exit": ExitAugment(image_size, what))
+"""
+
+
+@pytest.fixture(scope="module")
+def sample_dataset(tmp_path_factory):
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    base = tmp_path_factory.mktemp("samples")
+    ingest(REPO / "data_samples", base / "ds", load_config().ingest)
+    return base / "ds"
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        (
+            "loss.name=exit_loss & sampler.name=unique_identity",
+            "loss 'exit_loss' (from plugin 'exiting') failed while computing the loss: SystemExit: 0 at ",
+        ),
+        (
+            "loss.name=exit_loss & sampler.name=unique_identity & loss.params={what: interrupt}",
+            "loss 'exit_loss' (from plugin 'exiting') failed while computing the loss: KeyboardInterrupt at ",
+        ),
+        (
+            "model.encoder=exit_encoder",
+            "encoder 'exit_encoder' (from plugin 'exiting') failed while embedding a batch: SystemExit: 0 at ",
+        ),
+        (
+            "model.encoder=exit_encoder & model.params={when: eval}",
+            "encoder 'exit_encoder' (from plugin 'exiting') failed while evaluating: SystemExit: 0 at ",
+        ),
+        (
+            "sampler.name=exit_sampler",
+            "sampler 'exit_sampler' (from plugin 'exiting') failed while yielding a batch: SystemExit: 0 at ",
+        ),
+        (
+            "augment.preset=exit_augment & augment.params={what: interrupt}",
+            "augmentation 'exit_augment' (from plugin 'exiting') failed while making a view: KeyboardInterrupt at ",
+        ),
+    ],
+    ids=["loss exit", "loss interrupt", "encoder in a step", "encoder in evaluation", "sampler", "augmentation"],
+)
+def test_a_training_component_that_exits_at_run_time_is_a_failure_naming_it(tmp_path, sample_dataset, setting, message):
+    """Attack round 16 (F4): a loss whose forward called sys.exit(0) ended `train` with exit 0, no epoch
+    line and no checkpoint (only config.yaml and data.json); a KeyboardInterrupt it raised (no signal
+    sent) printed click's "Aborted!" (exit 1). The same held for an encoder, sampler or augmentation
+    raising either one mid-run. Now it is the plugin's failure: one line naming it, exit 2."""
+    from conftest import TINY_TRAINING
+
+    _write(tmp_path / "plugins", "exiting.py", EXITING_COMPONENTS)
+    sets = [item for setting_ in [*TINY_TRAINING, *setting.split(" & ")] for item in ("--set", setting_)]
+    result = run_cli(
+        "--plugins-dir", tmp_path / "plugins", "train", "--data", sample_dataset, "--out", tmp_path / "run", *sets, "-q"
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: " + message), result.stderr
+    assert not (tmp_path / "run" / "checkpoints" / "best.pt").exists()
+
+
+def test_a_plugin_encoder_that_exits_while_index_embeds_is_a_failure_naming_it(tmp_path, sample_dataset):
+    """Attack round 16 (F4): an encoder plugin raising SystemExit(0) in its forward ended `index`
+    silently (exit 0, no index written). Now it is the plugin's failure: one line naming it, exit 2."""
+    import torch
+    from conftest import TINY_TRAINING
+
+    from receipt_embed.config import load_config
+    from receipt_embed.training.checkpoint import save_checkpoint
+    from receipt_embed.training.trainer import train
+
+    _write(tmp_path / "plugins", "exiting.py", EXITING_COMPONENTS)
+    config = load_config(overrides=[*TINY_TRAINING, "model.encoder=exit_encoder", "model.params={when: never}"])
+    train(config, sample_dataset, tmp_path / "run", _loaded(tmp_path / "plugins"), progress=False, log=lambda m: None)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
+    state.pop("format_version")
+    state["config"]["model"]["params"]["when"] = "eval"  # the encoder now exits when it embeds captures
+    save_checkpoint(tmp_path / "exits.pt", state)
+    result = run_cli(
+        "--plugins-dir", tmp_path / "plugins", "index", "--checkpoint", tmp_path / "exits.pt",
+        "--data", sample_dataset, "--out", tmp_path / "index", "-q",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        result.stderr.startswith(
+            "Error: encoder 'exit_encoder' (from plugin 'exiting') failed while embedding captures: SystemExit: 0 at "
+        )
+        and len(result.stderr.strip().splitlines()) == 1
+    ), result.stderr
+    assert not (tmp_path / "index").exists()
+
+
 def test_a_hook_or_plugin_raising_an_exit_of_its_own_is_only_its_failure(tmp_path):
     """Attack round 13: an on_epoch_end hook raising SystemExit(0) ended `train` after epoch 1 with exit
     0; a plugin raising GeneratorExit at import was a traceback (exit 1)."""

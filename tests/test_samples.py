@@ -352,7 +352,7 @@ def test_cli_rejects_bad_arguments_with_exit_code_2(tmp_path, arguments, message
     assert not (tmp_path / "set" / "manifest.csv").exists()
 
 
-def test_cli_reports_unreadable_scans_as_usage_errors(tmp_path):
+def test_cli_reports_unreadable_scans_as_input_errors(tmp_path):
     (tmp_path / "scans").mkdir()
     (tmp_path / "scans" / "bad.png").write_bytes(b"\x89PNG but not really")
     result = CliRunner().invoke(
@@ -360,6 +360,29 @@ def test_cli_reports_unreadable_scans_as_usage_errors(tmp_path):
     )
     assert result.exit_code == 2
     assert "bad.png" in result.output
+
+
+def test_a_scan_that_cannot_be_decoded_is_one_escaped_line_without_a_usage_banner(tmp_path):
+    """Attack round 16 (F3): a scan that could not be decoded was reported as a usage error: a
+    "Usage: ... Try --help" banner blamed the command line, and the scan's name went to the
+    terminal raw, so an ESC sequence in it cleared the screen and faked the output."""
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    render_receipt(make_receipt(5, 0)).save(folder / "a.png")
+    evil = "evil\x1b[2J\x1b[1;1HDUPLICATE.png"
+    (folder / evil).write_bytes(b"not an image")
+    rows = [{"path": "a.png", "scan_id": "A"}, {"path": evil, "scan_id": "C"}]
+    (folder / "receipts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = CliRunner().invoke(
+        main,
+        ["make-samples", "--from-scans", str(folder), "--out", str(tmp_path / "set"), "--devices", "1", "-q"],
+        color=True,  # keep what a terminal would get: click strips ESC sequences only off a terminal
+    )
+    assert result.exit_code == 2, result.output
+    assert "Usage:" not in result.output and "--help" not in result.output
+    assert "\x1b" not in result.output
+    assert result.stderr.startswith(f"Error: cannot read scan '{folder}/evil\\x1b[2J\\x1b[1;1HDUPLICATE.png': ")
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "set").exists()
 
 
 def test_a_scan_that_decodes_to_more_pixels_than_ingest_takes_is_refused_from_its_header(tmp_path):
@@ -553,6 +576,52 @@ def test_a_scan_name_that_is_not_a_file_inside_the_folder_is_refused(tmp_path, h
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("swap", ["fifo", "link_out", "other_image"])
+def test_a_scan_swapped_after_it_was_checked_is_refused_by_name_not_captured(tmp_path, swap):
+    """Attack round 16 (F2): `make-samples --from-scans` checked and hashed each scan first, then
+    opened it again by path to capture it: a scan swapped meanwhile for a FIFO hung the command,
+    and one swapped for a link out of the folder was captured into the set. The two steps are
+    read_scans and capture_scans, run here with the swap between them."""
+    import os
+    import threading
+
+    from receipt_embed.samples import read_scans
+
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    for index in range(3):
+        render_receipt(make_receipt(5, index)).save(folder / f"s{index}.png")
+    secret = tmp_path / "secret.png"
+    Image.new("RGB", (400, 800)).save(secret)
+    scans = read_scans(folder)
+    victim = folder / "s2.png"
+    victim.unlink()
+    {
+        "fifo": lambda: os.mkfifo(victim),
+        "link_out": lambda: victim.symlink_to(secret),
+        "other_image": lambda: render_receipt(make_receipt(6, 0)).save(victim),
+    }[swap]()
+
+    def unblock():  # a capture blocked on the FIFO gets its end of file (and the test fails, not hangs)
+        try:
+            os.close(os.open(victim, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+    guard = threading.Timer(30, unblock)
+    guard.start()
+    try:
+        with pytest.raises(ValueError) as info:
+            capture_scans(scans, tmp_path / "out", devices=1)
+    finally:
+        guard.cancel()
+    if swap == "fifo":
+        assert str(info.value) == f"cannot read scan '{victim}': is a FIFO (named pipe), not a regular file"
+    else:
+        assert str(info.value).startswith(f"scan '{victim}' changed while make-samples ran")
+    assert not (tmp_path / "out" / "images" / "s2_phone_a.jpg").exists()
+
+
 def test_listing_fields_ingest_writes_itself_are_kept_renamed_so_the_set_ingests(tmp_path):
     """Attack round 15 (N4): a receipts.jsonl with sha256, bytes or line fields was copied into
     manifest.csv as it was, and ingest then refused the set make-samples had just written."""
@@ -579,3 +648,45 @@ def test_listing_fields_ingest_writes_itself_are_kept_renamed_so_the_set_ingests
     clash = runner.invoke(main, ["make-samples", "--out", str(tmp_path / "o2"), "--from-scans", str(folder)])
     assert clash.exit_code == 2
     assert "line 1: fields 'sha256' and 'sha256_given' both given" in clash.output, clash.output
+
+
+def test_listing_scan_ids_split_and_field_names_are_kept_as_given_or_refused_naming_the_line(tmp_path):
+    """Attack round 16 (F9): in a receipts.jsonl, `scan_id: 0` silently became the file stem, a
+    `split` field became the set's split column (so ingest refused rows of a set make-samples had
+    written, or a valid one overrode ingest's split), and field names that were empty or held a
+    newline were written into the manifest's header as they were."""
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    for index in range(2):
+        render_receipt(make_receipt(5, index)).save(folder / f"s{index}.png")
+    rows = [{"path": "s0.png", "scan_id": 0, "company": "A"}, {"path": "s1.png", "company": "A", "split": "bogus"}]
+    (folder / "receipts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out, data = tmp_path / "out", tmp_path / "data"
+    runner = CliRunner()
+    made = runner.invoke(main, ["make-samples", "--out", str(out), "--from-scans", str(folder), "--devices", "1"])
+    assert made.exit_code == 0, made.output
+    assert "field(s) split are written by ingest itself; the manifest keeps them as split_given" in made.stderr
+    columns, written = read_manifest(out / "manifest.csv")
+    assert "split" not in columns and "split_given" in columns
+    assert [(r["path"], r["receipt_id"], r["split_given"]) for r in written] == [
+        ("images/0_phone_a.jpg", "0", ""),
+        ("images/s1_phone_a.jpg", "s1", "bogus"),
+    ]
+    ingested = runner.invoke(main, ["ingest", str(out), "--out", str(data), "--quiet"])
+    assert ingested.exit_code == 0, ingested.output
+    assert json.loads((data / "ingest_report.json").read_text())["counts"]["rejected"] == 0
+
+    for field, message in [
+        ({"scan_id": ""}, "line 2: scan_id '' is not a non-empty string or a finite number"),
+        ({"scan_id": ["x"]}, "line 2: scan_id list is not a non-empty string or a finite number"),
+        ({"": "empty key"}, "line 2: field name '' cannot name a manifest column"),
+        ({"a\nb": "nl"}, "line 2: field name 'a\\nb' cannot name a manifest column"),
+        ({"total\u200b": "9"}, "line 2: field name 'total\\u200b' cannot name a manifest column"),
+        ({" total": "9"}, "line 2: field name ' total' cannot name a manifest column"),
+    ]:
+        listing = [rows[0], {"path": "s1.png", **field}]
+        (folder / "receipts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in listing))
+        refused = runner.invoke(main, ["make-samples", "--out", str(tmp_path / "o2"), "--from-scans", str(folder)])
+        assert refused.exit_code == 2, (field, refused.output)
+        assert message in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert not (tmp_path / "o2").exists()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import builtin_registry
 
-from receipt_embed.config import load_config
+from receipt_embed.config import config_with, load_config
 from receipt_embed.ingest import ingest
 from receipt_embed.plugin_manager import PluginLoader
 from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
@@ -194,6 +194,52 @@ def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path
     assert state["epoch"] == 1 and state["step"] == 0
 
 
+def test_a_nan_loss_at_a_high_temperature_does_not_advise_a_higher_one(dataset, tmp_path):
+    """Attack round 16 (F13): the NaN stop always advised "a higher loss.temperature", even at a
+    temperature of 1e300; the advice now fits the run's values."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins")
+    loader.collect_components()
+    config = load_config(
+        overrides=[*TINY, "train.epochs=1", "loss.name=nan_after", "loss.params={after: 0}", "loss.temperature=50"]
+    )
+    with pytest.raises(TrainingDiverged) as info:
+        train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=lambda m: None)
+    assert str(info.value).endswith("Try a lower train.lr (now 0.001).") and "higher" not in str(info.value)
+    with pytest.raises(TrainingDiverged, match=r"or a higher loss.temperature \(now 0.07\) for a temperature"):
+        train(
+            config_with(config, ["loss.temperature=0.07", "train.grad_clip=0"]),
+            dataset,
+            tmp_path / "run2",
+            loader.registry,
+            progress=False,
+            log=lambda m: None,
+        )
+
+
+@pytest.mark.parametrize(
+    "batch_size, message",
+    [
+        ("8", "the embeddings became NaN at epoch 1, step 2, before the loss"),  # the update of step 1
+        ("48", "the weight encoder."),  # one step an epoch: the weights are NaN before evaluation
+    ],
+)
+def test_a_run_that_diverges_into_nan_embeddings_stops_like_a_nan_loss(cli, dataset, tmp_path, batch_size, message):
+    """Attack round 16 (F13): `train.lr=1e300` ended as bad input, "embeddings contain NaN in 24 of 24
+    rows" (exit 2), not through the divergence stop (exit 1, the documented code for a NaN loss)."""
+    sets = [item for key in [*TINY, "train.epochs=1", "train.lr=1e300"] for item in ("--set", key)]
+    result = cli(
+        "train", "--data", dataset, "--out", tmp_path / "run", *sets, "--set", f"train.batch_size={batch_size}"
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"Error: {message}"), result.stderr
+    assert "no checkpoint was written yet" in lines[-1] and lines[-1].endswith("Try a lower train.lr (now 1e+300).")
+
+
 def test_checkpoint_errors(dataset, tmp_path):
     registry = builtin_registry()
     config = load_config(overrides=[*TINY, "train.epochs=1"])
@@ -272,6 +318,32 @@ def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
     # and a sweep dir given to a plain train is named as one, not as a folder of someone else's files
     plain = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, "--force")
     assert plain.returncode == 2 and "is a sweep dir (a run dir per value, KEY=VALUE), not a run dir" in plain.stderr
+
+
+def test_a_second_sweep_equal_values_and_list_values_are_refused_before_anything_trains(cli, dataset, tmp_path):
+    """Attack round 16 (F10): a second --sweep silently replaced the first (only train.lr was swept,
+    the seed sweep vanished); `loss.temperature=0.1,0.10` trained the same value twice although
+    repeated values are refused; a list value failed with a parse error on a fragment ('[64')."""
+    sets = [item for key in [*TINY, "train.epochs=1"] for item in ("--set", key)]
+    cases = {
+        ("--sweep", "train.seed=1,2", "--sweep", "train.lr=0.1,0.2"): (
+            "--sweep is given 2 times ('train.seed=1,2', 'train.lr=0.1,0.2'); a sweep trains once per value of "
+            "one key: give one --sweep"
+        ),
+        ("--sweep", "loss.temperature=0.1,0.10"): (
+            "--sweep values '0.1' and '0.10' of loss.temperature are the same value (0.1); give each value once"
+        ),
+        ("--sweep", "train.lr=1,2,1.0"): "--sweep values '1' and '1.0' of train.lr are the same value (1.0)",
+        ("--sweep", "data.image_size=[64,32],[32,16]"): (
+            "--sweep 'data.image_size=[64,32],[32,16]': list and mapping values cannot be swept (values are split "
+            "at commas); sweep a number or a name, or train once per value with --set"
+        ),
+    }
+    for args, message in cases.items():
+        result = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith(f"Error: {message}") and len(result.stderr.splitlines()) == 1, result.stderr
+        assert not (tmp_path / "sweep").exists()
 
 
 def test_bf16_autocast_trains_with_float32_weights(dataset, tmp_path):
@@ -515,3 +587,129 @@ def test_auto_epochs_show_the_model_about_thirty_thousand_views(dataset, tmp_pat
     trainer = Trainer(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
     assert (trainer.steps_per_epoch, trainer.epochs) == (6, math.ceil(30_000 / (6 * 8 * 3)))
     assert trainer.scheduler.lr_lambdas[0](6 * trainer.epochs) == pytest.approx(0.0, abs=1e-12), "annealed at the end"
+
+
+NAN_GRADIENT_LOSS = '''
+import torch
+from receipt_embed.hookspecs import hookimpl
+from receipt_embed.losses import NTXentLoss
+
+
+class _NanGradient(torch.autograd.Function):
+    """The identity forward; a NaN gradient backward (a kernel that misbehaves)."""
+
+    @staticmethod
+    def forward(ctx, z):
+        return z.view_as(z)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full_like(grad, float("nan"))
+
+
+class NanOnSteps(torch.nn.Module):
+    def __init__(self, temperature=0.2, steps=(1,)):
+        super().__init__()
+        self.inner, self.steps, self.calls = NTXentLoss(temperature=temperature), set(steps), 0
+
+    def forward(self, z, labels):
+        self.calls += 1
+        return self.inner(_NanGradient.apply(z) if self.calls in self.steps else z, labels)
+
+
+@hookimpl
+def register_losses(register):
+    register("nan_on_steps", NanOnSteps)
+'''
+
+
+@pytest.mark.parametrize("steps, diverges", [([2], False), (list(range(1, 100)), True)])
+def test_a_finite_loss_with_non_finite_gradients_skips_the_update(dataset, tmp_path, steps, diverges):
+    """A finite loss whose backward gave NaN gradients wrote NaN into every weight (clipping scales by
+    a NaN norm), and the next step's embeddings were NaN: seen now and then under bf16 on CPU. The
+    update is now skipped with a warning, and five such steps in a row are a diverged run."""
+    from receipt_embed.plugin_manager import PluginLoader
+    from receipt_embed.training.step import MAX_SKIPPED_IN_A_ROW, TrainingDiverged
+
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "nan_gradient.py").write_text(NAN_GRADIENT_LOSS)
+    loader = PluginLoader(strict=True)
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins", required=True)
+    loader.collect_components()
+    config = load_config(
+        overrides=[
+            *TINY,
+            "train.epochs=1",
+            "loss.name=nan_on_steps",
+            f"loss.params={{steps: {steps}}}",
+            "sampler.name=unique_identity",
+        ]  # fmt: skip
+    )
+    said = []
+    if diverges:
+        with pytest.raises(TrainingDiverged, match=f"NaN or infinite for {MAX_SKIPPED_IN_A_ROW} steps in a row"):
+            train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=said.append)
+        return
+    train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=said.append)
+    assert [m for m in said if "non-finite gradients" in m] == [
+        "warning: non-finite gradients at epoch 1, step 2: update skipped (1 in a row)"
+    ]
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+FLAKY_BF16_ENCODER = '''
+import torch
+from receipt_embed.hookspecs import hookimpl
+
+
+class FlakyBf16(torch.nn.Module):
+    """A bf16 kernel that now and then gives NaN from finite input, as oneDNN's bf16 convolution does
+    on CPU for a stride-2 convolution of a 4x2 map: its second autocast training forward is NaN, and
+    the batch norm after it takes NaN statistics."""
+
+    def __init__(self, in_channels):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(in_channels, 8, 3, 4, 1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.feature_dim, self.forwards = 8, 0
+
+    def forward(self, images):
+        y = self.conv(images)
+        if self.training and torch.is_autocast_enabled("cpu"):
+            self.forwards += 1
+            if self.forwards == 2:
+                y = y * float("nan")
+        return self.bn(y).mean(dim=(2, 3))
+
+
+@hookimpl
+def register_encoders(register):
+    register("flaky_bf16", lambda pretrained, in_channels, pooling, grid: FlakyBf16(in_channels))
+'''
+
+
+def test_a_bf16_forward_that_gives_nan_from_finite_weights_reruns_in_fp32(dataset, tmp_path):
+    """oneDNN's bf16 convolution on CPU gave NaN from finite weights and images in about one call in
+    four for a stride-2 convolution of a 4x2 map (torch 2.14.1), and the run stopped as diverged one
+    pytest run in three. Such a step now runs in fp32, with the batch-norm statistics the NaN forward
+    wrote put back."""
+    from receipt_embed.plugin_manager import PluginLoader
+
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "flaky_bf16.py").write_text(FLAKY_BF16_ENCODER)
+    loader = PluginLoader(strict=True)
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins", required=True)
+    loader.collect_components()
+    config = load_config(overrides=[*TINY, "train.epochs=1", "train.precision=bf16", "model.encoder=flaky_bf16"])
+    said = []
+    result = train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=said.append)
+    assert [m for m in said if "bf16" in m] == [
+        "warning: the bf16 forward at epoch 1, step 2 gave NaN from finite weights (a bf16 kernel fault on this "
+        "CPU); the step ran in fp32"
+    ]
+    assert math.isfinite(result.metrics[0]["loss"])
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())

@@ -183,6 +183,14 @@ CHECKPOINTS = {
         lambda s: s["config"]["data"].update(image_size=[4096, 4096]),
         "config.data.image_size.0: Input should be less than or equal to 2048",
     ),
+    "a cache margin of 2000": (  # attack round 16: a 24 GB bitmap for each capture
+        lambda s: s["config"]["train"].update(cache_margin=2000),
+        "config.train.cache_margin: Input should be less than or equal to 4",
+    ),
+    "a cache over 2048 a side": (  # attack round 16: the margin times the image size was never checked
+        lambda s: s["config"]["data"].update(image_size=[1024, 1024]) or s["config"]["train"].update(cache_margin=4),
+        "config.train.cache_margin: 4 x data.image_size [1024, 1024] caches images of 4096 x 4096, over 2048 a side",
+    ),
 }
 
 
@@ -207,6 +215,20 @@ def test_shape_message_names_key_and_both_shapes(trained, tmp_path):
     )
     result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "index", "-q")
     _one_clean_error(result, str(path), wanted)
+    assert not (tmp_path / "index").exists()
+
+
+def test_a_checkpoint_whose_cache_margin_would_decode_without_limit_is_refused_before_embedding(trained, tmp_path):
+    """Attack round 16 (F1): a checkpoint whose config held train.cache_margin=2000 was taken by
+    index: every capture was decoded to a 128000 x 64000 bitmap (24 GB), ending in "out of memory"
+    or the OOM killer. It is refused in one line naming the checkpoint and the key."""
+    path = _tampered_checkpoint(
+        trained / "run" / "checkpoints" / "best.pt",
+        tmp_path / "margin.pt",
+        lambda s: s["config"]["train"].update(cache_margin=2000),
+    )
+    result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "index", "-q")
+    _one_clean_error(result, str(path), "config.train.cache_margin: Input should be less than or equal to 4")
     assert not (tmp_path / "index").exists()
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
+from receipt_embed.stops import is_real_stop
 
 
 @dataclass
@@ -181,7 +182,9 @@ def run_checks(
             check = _FailedFactory(AuditCheckError(f"{exc}{hint}"))  # a plugin bug: reported like a failing check
         try:
             result = _result(name, component.plugin, check(context))
-        except Exception as exc:
+        except BaseException as exc:  # an exit or a KeyboardInterrupt the check raises itself is its failure too
+            if is_real_stop(exc):
+                raise  # a real stop signal arrived while the check ran
             detail = (
                 str(exc)
                 if isinstance(exc, AuditCheckError)

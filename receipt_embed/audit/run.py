@@ -88,6 +88,12 @@ def run_audit(
     from receipt_embed.outdir import check_replaceable, refuse_own_input
     from receipt_embed.staging import replace_dir
 
+    both = [name for name in dict.fromkeys(context) if name in attributes]
+    if both:  # flagged as a shortcut or never flagged: it cannot be both
+        raise BadInput(
+            f"{quoted(both[0])} is given both as an attribute to audit and as a context attribute; "
+            "a column cannot be both audited (and flagged) and used as context (never flagged): give it once"
+        )
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"report dir {out} is a file; the report needs a directory")

@@ -15,6 +15,7 @@ import warnings
 
 import click
 
+from receipt_embed.cli.options import GivenPath
 from receipt_embed.display import printable, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.version import __version__
@@ -163,7 +164,7 @@ class LazyGroup(click.Group):
             finally:
                 sys.stdout.flush()
         except StoppedBySignal as stop:
-            if not stop.reported:  # a lock it unwound has said which dir was left as it was
+            if not stop.reported and not _launcher_speaks():  # a lock it unwound has said which dir was left
                 click.echo(f"stopped by {signal_name(stop)}", err=True)
             sys.exit(stop.code)
         except BadInput as exc:  # bad input a command did not turn into its own message: still one line
@@ -178,7 +179,8 @@ class LazyGroup(click.Group):
             from receipt_embed.stops import received
 
             if received and not _debug:  # the stop's exception arrived as another (a library wrapped it)
-                click.echo(f"stopped by {signal_name(StoppedBySignal(received[-1]))}", err=True)
+                if not _launcher_speaks():
+                    click.echo(f"stopped by {signal_name(StoppedBySignal(received[-1]))}", err=True)
                 sys.exit(received[-1])
             if _out_of_memory(exc) and not _debug:  # a limit (ulimit -v) or too little RAM, not a bug
                 click.echo(
@@ -213,6 +215,7 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module_name), attr)
 
     def invoke(self, ctx):
+        _refuse_a_deleted_cwd()  # before a command's module, plugins or torch are loaded
         try:
             return super().invoke(ctx)
         except click.NoSuchOption as exc:  # a global option given after the command
@@ -228,6 +231,28 @@ class LazyGroup(click.Group):
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _refuse_a_deleted_cwd() -> None:
+    """One line, exit 2, when the current directory was deleted (or swapped away) under the shell:
+    relative paths and ``./plugins`` cannot be looked up, and torch fails to load with an MKL
+    "fatal error" that reads like a broken install."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        from receipt_embed.cli.app import InputError
+
+        raise InputError(
+            "the current directory no longer exists (deleted or replaced): cd to an existing directory and run again"
+        ) from None
+
+
+def _launcher_speaks() -> bool:
+    """A rank of ``train --nproc``: torchrun stops the other ranks with SIGTERM when one fails, and
+    the launcher says in one line what happened, so a rank's own "stopped by" line is noise."""
+    from receipt_embed.orphans import PARENT_PID_ENV
+
+    return PARENT_PID_ENV in os.environ and os.environ.get("WORLD_SIZE", "1") not in ("", "1")
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -254,7 +279,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 @click.version_option(__version__, prog_name="receipt-embed")
 @click.option(
     "--plugins-dir",
-    type=click.Path(file_okay=False, path_type=str),
+    type=GivenPath(file_okay=False, path_type=str),
     envvar="RECEIPT_EMBED_PLUGINS_DIR",
     default=None,
     help="Folder of *.py plugins to load (default: ./plugins, or plugins.dir in the config).",
@@ -316,12 +341,12 @@ def _stop_at_once_on_signals() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
 
-    from receipt_embed.stops import is_repeat
+    from receipt_embed.stops import is_repeat, stop_signals
 
     def stop(signum, frame):
-        if not is_repeat():  # the first stop has said so already
+        if not is_repeat() and not _launcher_speaks():  # the first stop has said so already
             os.write(2, f"stopped by {signal.Signals(signum).name}\n".encode())
         os._exit(128 + signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in stop_signals():
         signal.signal(sig, stop)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from receipt_embed.cli.options import FiniteFloatRange, InputError, load_registry
-from receipt_embed.display import printable
+from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry
+from receipt_embed.display import printable, quoted
 from receipt_embed.errors import BadInput
 
 
@@ -22,7 +22,7 @@ def _folders_only(values):
 
 
 @click.command("audit-shortcuts")
-@click.argument("index_dir", type=click.Path(file_okay=False))
+@click.argument("index_dir", type=GivenPath(file_okay=False))
 @click.option(
     "--attribute",
     "attributes",
@@ -50,7 +50,7 @@ def _folders_only(values):
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
+    type=GivenPath(file_okay=False),
     default=None,
     help="Report dir for audit.json and audit.html [INDEX_DIR/audit].",
 )
@@ -105,7 +105,7 @@ def _folders_only(values):
     "--images-root",
     "images_roots",
     multiple=True,
-    type=click.Path(file_okay=False, exists=True),
+    type=GivenPath(file_okay=False, exists=True),
     callback=lambda ctx, param, values: _folders_only(values),
     help="Folder the gallery may read thumbnails from besides the dataset's capture folders "
     "(repeatable); images anywhere else are not read.",
@@ -147,6 +147,12 @@ def audit_shortcuts(
         raise InputError("--out takes a directory for audit.json and audit.html; the summary always goes to stdout")
     out = Path(out_dir) if out_dir else Path(index_dir) / "audit"
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    both = [name for name in dict.fromkeys(context) if name in attributes]
+    if both:
+        raise InputError(
+            f"--attribute {quoted(both[0])} and --context-attribute {quoted(both[0])}: a column cannot be both "
+            "audited (and flagged) and used as context (never flagged); give it to one of them"
+        )
     registry = load_registry(click.get_current_context())
     try:
         skip, params = parse_check_settings(registry, skip_checks, check_settings)
@@ -157,7 +163,7 @@ def audit_shortcuts(
             k=k,
             rule=FlagRule(max_lift, max_probe_gain, min_z),
             gallery=gallery,
-            context=tuple(dict.fromkeys(c for c in context if c not in attributes)),
+            context=tuple(dict.fromkeys(context)),
             registry=registry,
             skip_checks=skip,
             check_params=params,

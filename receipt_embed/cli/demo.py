@@ -9,7 +9,14 @@ from pathlib import Path
 
 import click
 
-from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
+from receipt_embed.cli.options import (
+    GivenPath,
+    InputError,
+    check_components,
+    config_options,
+    load_registry,
+    resolve_config,
+)
 from receipt_embed.errors import BadInput
 from receipt_embed.stops import StoppedBySignal
 
@@ -56,10 +63,10 @@ def meta_first_path(index_dir: Path) -> str:
 
 
 @click.command()
-@click.option("--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", default="runs/demo", show_default=True, type=GivenPath(file_okay=False))
 @click.option(
     "--samples",
-    type=click.Path(file_okay=False, exists=True),
+    type=GivenPath(file_okay=False, exists=True),
     default=None,
     help="Sample folder with manifest.csv [data_samples/, generated if absent].",
 )
@@ -77,12 +84,14 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
     Settings: configs/default.yaml, then configs/demo.yaml, then --config and --set."""
     from receipt_embed.config import DEMO_CONFIG
     from receipt_embed.locking import write_lock
+    from receipt_embed.outdir import refuse_nested
 
     config = resolve_config([str(DEMO_CONFIG), *([config_file] if config_file else [])], overrides)
     registry = load_registry(ctx, config)
     check_components(config, registry)
     out = Path(out_dir)
     try:
+        refuse_nested(out, "demo")  # inside a dataset, run or samples dir: refused before its lock is taken there
         with write_lock(out):
             check_demo_out(out, samples)
             if (out / "run" / "checkpoints" / "last.pt").exists() and not force:

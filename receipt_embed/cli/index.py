@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import InputError, index_build_options, load_registry
+from receipt_embed.cli.options import GivenPath, InputError, index_build_options, load_registry
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -14,14 +14,14 @@ from receipt_embed.errors import BadInput
 @click.command()
 @click.option(
     "--checkpoint",
-    type=click.Path(dir_okay=False, exists=True),
+    type=GivenPath(dir_okay=False, exists=True),
     default=None,
     help="Checkpoint to embed with, e.g. RUN_DIR/checkpoints/best.pt.",
 )
 @click.option(
     "--data",
     "data_dir",
-    type=click.Path(file_okay=False, exists=True),
+    type=GivenPath(file_okay=False, exists=True),
     default=None,
     help="Dataset dir from `ingest` whose captures are indexed (with --checkpoint).",
 )
@@ -42,17 +42,17 @@ from receipt_embed.errors import BadInput
 @click.option(
     "--embeddings",
     "embeddings_file",
-    type=click.Path(dir_okay=False),
+    type=GivenPath(dir_okay=False),
     default=None,
     help="Index these (N, D) .npy embeddings of any model instead of embedding images.",
 )
 @click.option(
     "--manifest",
     default=None,
-    type=click.Path(exists=True),
+    type=GivenPath(exists=True),
     help="With --embeddings: manifest (CSV/JSONL or dataset dir) whose row i is embedding row i.",
 )
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
+@click.option("--out", "out_dir", required=True, type=GivenPath(file_okay=False), help="Index dir to write.")
 @index_build_options
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per forward pass."
@@ -198,8 +198,8 @@ def _summary(meta: dict, out_dir, target_recall: float) -> str:
 
 
 @click.command("index-merge")
-@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index dir to write.")
+@click.argument("shard_dirs", nargs=-1, required=True, type=GivenPath(file_okay=False, exists=True))
+@click.option("--out", "out_dir", required=True, type=GivenPath(file_okay=False), help="Index dir to write.")
 @index_build_options
 @click.option("--quiet", "-q", is_flag=True, help="Less output.")
 @click.option("--force", is_flag=True, help="Replace an existing index dir in --out (swapped in once complete).")

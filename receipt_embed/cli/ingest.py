@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import ExistingPath, InputError, config_options, resolve_config
+from receipt_embed.cli.options import ExistingPath, GivenPath, InputError, config_options, resolve_config
 from receipt_embed.display import printable, shortened
 from receipt_embed.errors import BadInput
 
@@ -25,7 +25,7 @@ def _ratios(ctx, param, value):
 
 @click.command()
 @click.argument("source", type=ExistingPath())
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Dataset dir to write.")
+@click.option("--out", "out_dir", required=True, type=GivenPath(file_okay=False), help="Dataset dir to write.")
 @click.option(
     "--split-ratios", callback=_ratios, default=None, help="train,val,heldout shares of identities [0.8,0.1,0.1]."
 )

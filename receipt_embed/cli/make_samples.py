@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from receipt_embed import samples
-from receipt_embed.cli.options import ExistingPath, InputError
+from receipt_embed.cli.options import ExistingPath, GivenPath, InputError
 from receipt_embed.display import printable, shortened
 from receipt_embed.errors import BadInput
 
@@ -43,7 +43,7 @@ MAX_RECEIPTS = 100_000  # about three hours of rendering per device on two cores
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=GivenPath(file_okay=False, path_type=Path),
     required=True,
     help="Output folder: images/ and manifest.csv are written there.",
 )
@@ -139,8 +139,8 @@ def _write_samples(out_dir: Path, scans, receipts: int, devices: int, seed: int,
                     samples.make_samples(staging, receipts, devices, seed, progress=bar.update)
             except DiskFull:
                 raise  # named as the file in out_dir by replace_dir
-            except BadInput as err:
-                raise click.UsageError(str(err)) from err
+            except BadInput as err:  # a scan that cannot be decoded: one escaped line, no usage banner
+                raise InputError(str(err)) from None
         record = {
             "receipts": receipts,
             "devices": devices,

@@ -9,7 +9,29 @@ import click
 from receipt_embed.cli.app import InputError, current_app
 
 
-class ExistingPath(click.Path):
+def param_name(param: click.Parameter | None) -> str:
+    """How a message names an option (``--out``) or an argument (``SOURCE``)."""
+    if isinstance(param, click.Option):
+        return next((opt for opt in param.opts if opt.startswith("--")), param.opts[0])
+    return param.human_readable_name if param is not None else "a path"
+
+
+class GivenPath(click.Path):
+    """``click.Path`` that refuses an empty value in one line: ``--out ''`` is almost always an unset
+    shell variable (``--out "$OUT"``), and click takes it as the current directory."""
+
+    def convert(self, value, param, ctx):
+        refuse_empty(value, param)
+        return super().convert(value, param, ctx)
+
+
+def refuse_empty(value, param: click.Parameter | None) -> None:
+    if isinstance(value, (str, bytes)) and not value:
+        several = param is not None and (param.nargs != 1 or getattr(param, "multiple", False))
+        raise InputError(f"{'a value of ' if several else ''}{param_name(param)} is empty (an unset shell variable?)")
+
+
+class ExistingPath(GivenPath):
     """``click.Path(exists=True)`` that names a symlink loop as one (click says "does not exist")."""
 
     def __init__(self, **kwargs):
@@ -19,6 +41,7 @@ class ExistingPath(click.Path):
         import errno
         import os
 
+        refuse_empty(value, param)
         try:
             os.stat(value)
         except OSError as exc:

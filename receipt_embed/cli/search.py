@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import FiniteFloatRange, InputError, load_registry
+from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -34,8 +34,8 @@ def _print_results(results: list[dict], threshold) -> None:
 
 
 @click.command()
-@click.argument("index_dir", type=click.Path(file_okay=False))
-@click.argument("images", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("index_dir", type=GivenPath(file_okay=False))
+@click.argument("images", nargs=-1, type=GivenPath(dir_okay=False))
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Neighbours per query.")
 @click.option(
     "--threshold",
@@ -46,7 +46,7 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
     "--checkpoint",
-    type=click.Path(dir_okay=False, exists=True),
+    type=GivenPath(dir_okay=False, exists=True),
     default=None,
     help="The index's checkpoint at a new location (its sha256 must match index.json).",
 )
@@ -54,7 +54,7 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.option(
     "--out",
     "out_file",
-    type=click.Path(dir_okay=False),
+    type=GivenPath(dir_okay=False),
     default=None,
     help="With --all-pairs: CSV to write the pairs to ('-' for standard output).",
 )

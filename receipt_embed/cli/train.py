@@ -9,11 +9,21 @@ from pathlib import Path
 import click
 
 from receipt_embed.cli.app import current_app
-from receipt_embed.cli.options import InputError, check_components, config_options, load_registry, resolve_config
+from receipt_embed.cli.options import (
+    GivenPath,
+    InputError,
+    check_components,
+    config_options,
+    load_registry,
+    resolve_config,
+)
 from receipt_embed.config import config_with
-from receipt_embed.display import printable, shortened
+from receipt_embed.display import printable, quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.orphans import PARENT_PID_ENV, stop_with_parent
+
+# ranks on one machine: each is a whole torch process; far more is a fork bomb, not a speed-up
+MAX_NPROC = 64
 
 
 def ensure_dataset(data_dir: str | None, out_dir: Path, config, progress: bool, log) -> Path:
@@ -67,14 +77,14 @@ def worker_message(exc: Exception) -> str:
 @click.option(
     "--data",
     "data_dir",
-    type=click.Path(file_okay=False, exists=True),
+    type=GivenPath(file_okay=False, exists=True),
     default=None,
     help="Dataset dir from `ingest` [data_samples/, ingested on the fly].",
 )
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
+    type=GivenPath(file_okay=False),
     default="runs/train",
     show_default=True,
     help="Run dir: config.yaml, metrics.jsonl, checkpoints/.",
@@ -86,17 +96,19 @@ def worker_message(exc: Exception) -> str:
 )
 @click.option(
     "--sweep",
-    default=None,
+    "sweeps",
+    multiple=True,  # taken as often as given, so a second one is refused rather than silently replacing the first
     metavar="KEY=V1,V2,...",
-    help="Train once per value (e.g. loss.temperature=0.05,0.1,0.2) into OUT/KEY=V; pick by val recall@1.",
+    help="Train once per value (e.g. loss.temperature=0.05,0.1,0.2) into OUT/KEY=V; pick by val recall@1. "
+    "One key per sweep.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars; one log line per epoch.")
 @click.option(
     "--nproc",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_NPROC),
     default=1,
     show_default=True,
-    help="Processes on this machine (torch.distributed via torchrun; gloo on CPU, nccl on GPU).",
+    help=f"Processes on this machine (torch.distributed via torchrun; gloo on CPU, nccl on GPU), at most {MAX_NPROC}.",
 )
 @click.option(
     "--force",
@@ -106,7 +118,7 @@ def worker_message(exc: Exception) -> str:
 )
 @config_options
 @click.pass_context
-def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_file, overrides):
+def train(ctx, data_dir, out_dir, resume, sweeps, quiet, nproc, force, config_file, overrides):
     """Train an encoder so that captures of one receipt embed close together.
 
     SIGINT/SIGTERM save checkpoints/last.pt and stop (exit code 130 for SIGINT, 143 for SIGTERM); --resume continues.
@@ -115,6 +127,12 @@ def train(ctx, data_dir, out_dir, resume, sweep, quiet, nproc, force, config_fil
     One writer per run dir: a second `train` into the same --out is refused while the first runs."""
     import os
 
+    if len(sweeps) > 1:
+        raise InputError(
+            f"--sweep is given {len(sweeps)} times ({', '.join(quoted(shortened(item)) for item in sweeps)}); "
+            "a sweep trains once per value of one key: give one --sweep"
+        )
+    sweep = sweeps[0] if sweeps else None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and os.environ.get(PARENT_PID_ENV, "").isdigit():  # a rank of train --nproc: stop with torchrun
         stop_with_parent(int(os.environ[PARENT_PID_ENV]))

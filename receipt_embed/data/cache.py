@@ -22,12 +22,6 @@ class CaptureChanged(BadInput):
     """A capture file differs from what ingest recorded in manifest.jsonl (replaced or edited)."""
 
 
-def cache_size(image_size: tuple[int, int], margin: float = 1.25) -> tuple[int, int]:
-    """Cached resolution: a margin above the model input so crops keep detail."""
-    height, width = image_size
-    return round(height * margin), round(width * margin)
-
-
 # what to do about a capture that no longer matches its manifest.jsonl row
 REINGEST = "re-run `receipt-embed ingest` (or restore the file)"
 
@@ -38,15 +32,17 @@ def load_capture(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     sha256: str | None = None,
+    crop_page: bool = False,
 ) -> np.ndarray:
     """One capture, read once: its bytes are checked against the sha256 ingest recorded
-    (when given; hashing bytes already in memory is cheap), then decoded to ``size``."""
+    (when given; hashing bytes already in memory is cheap), then decoded to ``size`` (cut to
+    its page first with ``crop_page``: ``data.page_crop``)."""
     data = read_regular(path, max_bytes)
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise CaptureChanged(
             f"{path} changed since ingest: its content (sha256) differs from manifest.jsonl; {REINGEST}"
         )
-    return resize_bytes(data, size, max_pixels, name=str(path))
+    return resize_bytes(data, size, max_pixels, name=str(path), crop_page=crop_page)
 
 
 class ImageCache:
@@ -54,7 +50,8 @@ class ImageCache:
 
     Only regular files of at most ``max_bytes`` are read and no image over ``max_pixels``
     is decoded; ``digests`` (sha256 per path, None to skip one) refuse files replaced since
-    ingest. The first bad file stops the cache with one error naming it."""
+    ingest; ``crop_page`` cuts each to its page first. The first bad file stops the cache with
+    one error naming it."""
 
     def __init__(
         self,
@@ -65,6 +62,7 @@ class ImageCache:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         max_bytes: int | None = DEFAULT_MAX_BYTES,
         digests: Sequence[str | None] | None = None,
+        crop_page: bool = False,
     ):
         self.size = size
         digests = list(digests) if digests is not None else [None] * len(paths)
@@ -72,7 +70,7 @@ class ImageCache:
             raise BadInput(f"{len(digests)} digests for {len(paths)} paths")
         with thread_pool(workers) as pool:  # one bad file or a stop: do not decode the rest first
             decoded = pool.map(
-                lambda job: load_capture(job[0], size, max_pixels, max_bytes, job[1]), zip(paths, digests)
+                lambda job: load_capture(job[0], size, max_pixels, max_bytes, job[1], crop_page), zip(paths, digests)
             )
             self.images = (
                 np.stack(list(tqdm(decoded, total=len(paths), desc="decoding", unit="img", disable=not progress)))

@@ -161,9 +161,12 @@ def verify_captures(rows: list[dict]) -> None:
         raise CaptureChanged(f"{problems[0]}{more}; {REINGEST}")
 
 
-def cache_captures(captures: Captures, size: tuple[int, int], settings, progress: bool = False) -> ImageCache:
+def cache_captures(
+    captures: Captures, size: tuple[int, int], settings, progress: bool = False, crop_page: bool = False
+) -> ImageCache:
     """The decoded cache of some captures, each checked against its manifest.jsonl record;
-    ``settings`` (an IngestConfig) caps the bytes read and the pixels decoded per file."""
+    ``settings`` (an IngestConfig) caps the bytes read and the pixels decoded per file;
+    ``crop_page`` (``data.page_crop``) cuts each capture to its page."""
     verify_captures(captures.rows)
     return ImageCache(
         captures.paths,
@@ -172,4 +175,5 @@ def cache_captures(captures: Captures, size: tuple[int, int], settings, progress
         max_pixels=settings.max_pixels,
         max_bytes=settings.max_bytes,
         digests=captures.digests,
+        crop_page=crop_page,
     )

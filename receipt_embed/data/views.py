@@ -67,17 +67,20 @@ class ViewDataset(Dataset):
         labels: list[int],
         image_size=None,
         source: str = "the augmentation",
+        guard=None,
     ):
         self.cache, self.transform, self.grayscale, self.labels = cache, transform, grayscale, labels
         self.image_size, self.source = (tuple(image_size) if image_size else None), source
+        self.guard = guard or contextlib.nullcontext  # around the transform's own code: names a plugin that fails
 
     def __len__(self) -> int:
         return len(self.cache)
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         index, seed = key
-        seed_view(self.transform, seed)
-        view = self.transform(image=self.cache[index])["image"]
+        with self.guard():
+            seed_view(self.transform, seed)
+            view = self.transform(image=self.cache[index])["image"]
         if (
             self.image_size is not None
         ):  # a preset that skips the resize or returns floats would train on the wrong input
@@ -118,7 +121,8 @@ class SeededBatches:
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         self.epoch, self.start_step = epoch, start_step
-        self.sampler.set_epoch(epoch)
+        with self.guard():
+            self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
         return max(0, len(self.sampler) - self.start_step)

@@ -14,11 +14,15 @@ import numpy as np
 from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.indexing.contents import ITEM_OPTIONAL_STRINGS, item_of
-from receipt_embed.indexing.factory import DEFAULT_TRAIN_SIZE, build_index, check_factory_sizes
+from receipt_embed.indexing.factory import DEFAULT_TRAIN_SIZE, build_index, check_factory, check_factory_sizes
 from receipt_embed.indexing.index_dir import sha256_file, write_index_dir
 from receipt_embed.locking import write_lock
 from receipt_embed.outdir import check_replaceable, refuse_own_input
 from receipt_embed.training.checkpoint import MAX_CHECKPOINT_BYTES
+
+MIN_LENGTH = float(np.finfo(np.float32).tiny)  # a row's length must be a normal positive float32
+MAX_LENGTH = float(np.finfo(np.float32).max)
+UNIT_TOLERANCE = 1e-4  # how far a normalised row's length may be from 1 (readers want a self-score ~1)
 
 
 def checkpoint_source(checkpoint: str | Path) -> dict:
@@ -87,11 +91,12 @@ def _index_dataset(
     force,
     **build_options,
 ) -> dict:
-    from receipt_embed.embedding import load_model
+    from receipt_embed.embedding import embedding_dim, load_model
 
     captures = _present_captures(data_dir, split)
+    train_size = build_options.get("train_size", DEFAULT_TRAIN_SIZE)
     if shard is None:  # a factory too large for the captures is refused before minutes of embedding
-        check_factory_sizes(factory, len(captures), build_options.get("train_size", DEFAULT_TRAIN_SIZE))
+        check_factory_sizes(factory, len(captures), train_size)
     source = {
         **checkpoint_source(checkpoint),
         "dataset": str(Path(data_dir).resolve()),
@@ -102,14 +107,15 @@ def _index_dataset(
     loaded = load_model(checkpoint, registry)
     if shard is not None:
         return _index_shard(loaded, captures, data_dir, out, source, shard, features, batch_size, progress, log, force)
+    # and one FAISS cannot build for the model's dim (a typo such as Flt) before the first capture
+    check_factory(factory, len(captures), train_size, embedding_dim(loaded, features))
     log(f"embedding {len(captures)} captures ({split}) with {features} features of {checkpoint}")
     embeddings = embed_paths_checked(loaded, captures.paths, features, batch_size, progress, captures.digests)
     if (Path(out) / "shard.json").exists():
         raise BadInput(f"--out {out} is a shard dir; write the index to its own dir")
+    vectors = built_vectors(embeddings, lambda row: f"the embedding of {captures.paths[row]}")
     built = build_index(embeddings, factory, log=log, **build_options)
-    return write_index_dir(
-        out, built, built_vectors(embeddings), [item_of(r) for r in captures.rows], source, features, force=force
-    )
+    return write_index_dir(out, built, vectors, [item_of(r) for r in captures.rows], source, features, force=force)
 
 
 def _present_captures(data_dir, split: str):
@@ -151,7 +157,8 @@ def _index_shard(loaded, captures, data_dir, out, source, shard, features, batch
         "total": len(captures),
         "rows": [start, end],
     }
-    return write_shard(out, built_vectors(embeddings), [item_of(r) for r in rows], meta, force=force)
+    vectors = built_vectors(embeddings, lambda row: f"the embedding of {rows[row]['path']}")
+    return write_shard(out, vectors, [item_of(r) for r in rows], meta, force=force)
 
 
 def embed_paths_checked(loaded, paths, features, batch_size, progress, digests=None) -> np.ndarray:
@@ -164,10 +171,20 @@ def embed_paths_checked(loaded, paths, features, batch_size, progress, digests=N
     return embeddings
 
 
-def built_vectors(embeddings: np.ndarray) -> np.ndarray:
+def built_vectors(embeddings: np.ndarray, row_name=lambda row: f"row {row} (0-based)") -> np.ndarray:
+    """The rows an index dir stores, at unit length (its ``index.json`` says ``normalised``); a row
+    that does not come out of normalising at length ~1 is refused, named by ``row_name(row)``."""
     from receipt_embed.evaluation.retrieval import l2_normalise
 
-    return l2_normalise(embeddings)
+    vectors = l2_normalise(embeddings)
+    off = np.flatnonzero(np.abs(row_lengths(vectors) - 1) > UNIT_TOLERANCE)
+    if len(off):
+        length = row_lengths(np.asarray(embeddings)[off[:1]])[0]
+        raise BadInput(
+            f"{row_name(off[0])} has (near-)zero length ({length:.3g}) and cannot be normalised to unit "
+            f"length ({len(off)} such rows)"
+        )
+    return vectors
 
 
 def read_items_manifest(manifest: str | Path) -> tuple[Path, list[dict]]:
@@ -236,7 +253,26 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     zero = np.flatnonzero(~array.any(axis=1))  # a norm of 1e20s would overflow (and warn)
     if len(zero):
         raise BadInput(f"{path}: row {zero[0]} (0-based) is all zeros and has no direction ({len(zero)} such rows)")
+    lengths = row_lengths(array)
+    short = np.flatnonzero(lengths < MIN_LENGTH)  # denormal rows: their squares underflow to zero
+    if len(short):
+        raise BadInput(
+            f"{path}: row {short[0]} (0-based) has (near-)zero length {lengths[short[0]]:.3g}, below the smallest "
+            f"normal float32 ({MIN_LENGTH:.3g}), so it has no direction to normalise ({len(short)} such rows)"
+        )
+    long = np.flatnonzero(lengths > MAX_LENGTH)
+    if len(long):
+        raise BadInput(
+            f"{path}: row {long[0]} (0-based) has length {lengths[long[0]]:.3g}, beyond float32 range "
+            f"({MAX_LENGTH:.3g}); scale the embeddings down ({len(long)} such rows)"
+        )
     return array
+
+
+def row_lengths(array: np.ndarray) -> np.ndarray:
+    """Each row's Euclidean length, computed in float64: float32 squares of tiny values underflow
+    to zero and those of huge ones overflow to inf."""
+    return np.sqrt(np.square(array, dtype=np.float64).sum(axis=1))
 
 
 def index_embeddings(
@@ -271,5 +307,6 @@ def _index_embeddings(embeddings_path, manifest, out, *, factory, log, force, **
         "embeddings_sha256": sha256_file(embeddings_path),
         "manifest": str(manifest_path.resolve()),
     }
+    vectors = built_vectors(embeddings, lambda row: f"{embeddings_path}: row {row} (0-based)")
     built = build_index(embeddings, factory, log=log, **build_options)
-    return write_index_dir(out, built, built_vectors(embeddings), items, source, None, force=force)
+    return write_index_dir(out, built, vectors, items, source, None, force=force)

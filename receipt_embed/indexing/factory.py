@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from receipt_embed.display import shortened
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.retrieval import l2_normalise
 
@@ -62,17 +62,25 @@ def new_index(dim: int, factory: str):
 
     if factory.replace(" ", "").upper().startswith("IDMAP"):
         raise IndexBuildError(
-            f"factory {factory!r}: IDMap wrappers are not supported (an index dir's row number is each "
+            f"factory {quoted(shortened(factory))}: IDMap wrappers are not supported (an index dir's row number is each "
             "item's id already); use the factory without IDMap, e.g. Flat or HNSW32"
         )
     try:
         return faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "rejected"
+        reason = shortened(_faiss_reason(exc))
         raise IndexBuildError(
-            f"FAISS cannot build factory {factory!r} for dim {dim}: {reason} "
+            f"FAISS cannot build factory {quoted(shortened(factory))} for dim {dim}: {reason} "
             "(examples: Flat, HNSW32, IVF1024,Flat, IVF4096,PQ64)"
         ) from None
+
+
+def check_factory(factory: str, n: int, train_size: int | None, dim: int) -> None:
+    """Everything about ``factory`` that can be told before any vector exists: its sizes
+    (:func:`check_factory_sizes`), then whether FAISS can build it for ``dim`` at all, so a typo
+    (``Flt``) is refused before the captures are embedded, not after."""
+    check_factory_sizes(factory, n, train_size, dim)
+    new_index(dim, factory)  # an empty index: nothing is trained or added
 
 
 def _number(digits: str) -> int:
@@ -236,10 +244,11 @@ def _train(index, factory: str, vectors: np.ndarray, train_size: int | None, see
 
 
 def _faiss_reason(exc: Exception) -> str:
-    """The human part of a FAISS exception (its text starts with a C++ source location)."""
-    text = str(exc).strip().splitlines()
-    reason = text[-1] if text else type(exc).__name__
-    return reason.split("' failed: ")[-1] if "' failed: " in reason else reason
+    """The human part of a FAISS exception: without the C++ function and source line its text
+    starts with (``Error in ... at /project/faiss/index_factory.cpp:1228: ``), and of a failed
+    assertion only what it explains."""
+    text = re.sub(r"\AError in .*? at \S+:\d+: ", "", str(exc).strip(), flags=re.DOTALL) or type(exc).__name__
+    return text.split("' failed: ")[-1] if "' failed: " in text else text
 
 
 def _skip_polysemous_training(index) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import parse_json
+from receipt_embed.outdir import MARKERS
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
 
 REQUIRED_COLUMNS = ("path", "receipt_id", "device")
@@ -98,6 +99,12 @@ def check_reserved_columns(path: Path, columns) -> None:
     """Refuse manifest columns that ingest writes itself: they would be overwritten, or
     (``duplicate_conflict``, ``source_receipt_id``) trusted as if ingest had found them."""
     clashing = [column for column in RESERVED_COLUMNS if column in columns]
+    if clashing and path.name in MARKERS["dataset"] and all((path.parent / n).is_file() for n in MARKERS["dataset"]):
+        raise ManifestError(
+            f"{path.parent} is a dataset dir written by ingest, not a manifest to ingest: pass it to "
+            "`train --data` or `index --data` as it is, or ingest the manifest it was made from "
+            "(its ingest_report.json names it as source)"
+        )
     if clashing:
         renames = ", ".join(f"{c!r} -> {c + '_given'!r}" for c in clashing)
         raise ManifestError(

@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from receipt_embed.config import IngestConfig
+from receipt_embed.display import quoted, shortened
 from receipt_embed.ingest.manifest import (
     REQUIRED_COLUMNS,
     ManifestRow,
@@ -67,6 +68,27 @@ def _invalid_value(fields: dict) -> str | None:
         if isinstance(value, str) and _CONTROL.search(value.replace("\0", "") if column == "path" else value):
             return f"{column} {value[:60]} holds a control character"  # printed escaped (display.printable)
     return None
+
+
+def _repeat_detail(line: int, fields: dict, first: tuple[int, str, str, str]) -> str:
+    """Why a row naming the file of an earlier row is rejected: a repeat, or (another receipt_id or
+    device for the same file) a labelling conflict, with both lines' values and both spellings."""
+    first_line, *earlier = first
+    path, receipt_id, device = (fields[c] for c in ("path", "receipt_id", "device"))
+    spellings = (
+        quoted(shortened(path))
+        if path == earlier[0]
+        else f"{quoted(shortened(earlier[0]))} on line {first_line}, {quoted(shortened(path))} here"
+    )
+    detail = f"line {line}: same file as line {first_line} ({spellings})"
+    clashes = [
+        f"line {first_line} gives {what} {quoted(shortened(before))}, this line {quoted(shortened(now))}"
+        for what, before, now in (("receipt", earlier[1], receipt_id), ("device", earlier[2], device))
+        if before != now
+    ]
+    if clashes:
+        detail += f", labelled differently: {'; '.join(clashes)} (one file is one capture: fix the manifest)"
+    return detail
 
 
 def validate_rows(
@@ -122,10 +144,9 @@ def validate_rows(
             )
             continue
         if resolved in seen:
-            first = seen[resolved]
-            reject(rejected, row, "repeated_row", f"line {row.line}: same file as line {first} ({raw_path})")
+            reject(rejected, row, "repeated_row", _repeat_detail(row.line, fields, seen[resolved]))
             continue
-        seen[resolved] = row.line
+        seen[resolved] = (row.line, fields["path"], fields["receipt_id"], fields["device"])
         candidates.append(
             {**fields, "split": split, "path": str(resolved), "manifest_path": raw_path, "line": row.line}
         )

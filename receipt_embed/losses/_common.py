@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from receipt_embed.config import MAX_TEMPERATURE
 from receipt_embed.errors import BadInput
 from receipt_embed.losses.engine import DEFAULT_TILE, EngineInfo, autocast_off, masked_logsumexp
 
@@ -23,12 +24,14 @@ _EPS = 1e-12
 
 
 def check_temperature(temperature) -> float:
-    """Return ``temperature`` as a float; error unless > 0, warn below 0.05."""
+    """Return ``temperature`` as a float; error unless > 0 and at most MAX_TEMPERATURE, warn below 0.05."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise BadInput(f"temperature must be a number > 0, got {temperature!r}")
     value = float(temperature)
     if not math.isfinite(value) or value <= 0:
         raise BadInput(f"temperature must be > 0, got {value}")
+    if value > MAX_TEMPERATURE:  # the logits (similarity / temperature) vanish in float32: the loss is NaN
+        raise BadInput(f"temperature must be at most {MAX_TEMPERATURE}, got {value:g}")
     if value < LOW_TEMPERATURE:
         warnings.warn(
             f"temperature {value:g} is below {LOW_TEMPERATURE}: logits span +-{1 / value:.3g}, so "

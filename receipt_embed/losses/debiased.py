@@ -59,7 +59,7 @@ class DebiasedContrastiveLoss(TwoViewLoss):
     value the true negative sum can take) is the paper's. Mean over all 2B anchors.
 
     Args:
-        temperature: ``t`` > 0. tau_plus: in [0, 1), default 0.1.
+        temperature: 0 < ``t`` <= 100. tau_plus: in [0, 1), default 0.1.
         duplicates, tile_size, path: as for NTXentLoss.
 
     Example::

@@ -31,7 +31,7 @@ class HardNegativeLoss(TwoViewLoss):
     streamed by the tiled engine as two log-sum-exps of one similarity block.
 
     Args:
-        temperature: ``t`` > 0. beta: concentration >= 0 (paper: 0.5 or 1), default 1.0.
+        temperature: 0 < ``t`` <= 100. beta: concentration >= 0 (paper: 0.5 or 1), default 1.0.
         tau_plus: in [0, 1), default 0.0. duplicates, tile_size, path: as for NTXentLoss.
 
     Example::

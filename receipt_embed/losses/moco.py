@@ -60,7 +60,7 @@ class MoCoLoss(ContrastiveLoss):
     view, detached (stop-gradient), and the second views are enqueued.
 
     Args:
-        temperature: ``t`` > 0 (MoCo v2 uses 0.2). queue_size: number of stored keys
+        temperature: 0 < ``t`` <= 100 (MoCo v2 uses 0.2). queue_size: number of stored keys
             (e.g. 65,536; 0 disables the queue). dim: embedding size of the keys.
         in_batch_negatives: also use the batch's keys of other identities as negatives.
         queue_init: ``"random"`` (default, as MoCo) or ``"empty"``.

@@ -30,7 +30,7 @@ class NTXentLoss(TwoViewLoss):
     this is exactly SimCLR's loss.
 
     Args:
-        temperature: ``t`` > 0 (error otherwise; warning below 0.05).
+        temperature: 0 < ``t`` <= 100 (error otherwise; warning below 0.05).
         duplicates: ``"mask"`` (default) or ``"error"`` for identities repeated in the batch.
         tile_size: block edge of the tiled engine (memory is O(N d + tile^2)).
         path: ``"auto"`` (dense for tiny batches, tiled otherwise), ``"dense"``, ``"tiled"``.

@@ -33,7 +33,7 @@ class SupConLoss(ContrastiveLoss):
     captures in the batch.
 
     Args:
-        temperature: ``t`` > 0 (error otherwise; warning below 0.05).
+        temperature: 0 < ``t`` <= 100 (error otherwise; warning below 0.05).
         tile_size, path: engine settings, see :class:`~receipt_embed.losses.NTXentLoss`.
 
     Call: ``loss(embeddings, labels)`` with unnormalised ``embeddings`` (N, d) and integer

@@ -11,13 +11,15 @@ captures of a smaller one unchanged, and one seed always gives the same bytes.
 from __future__ import annotations
 
 import csv
+import io
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, is_disk_full
 from receipt_embed.images import DEFAULT_MAX_PIXELS
@@ -25,7 +27,7 @@ from receipt_embed.samples.capture import capture_jpeg
 from receipt_embed.samples.devices import DeviceProfile, select_devices
 from receipt_embed.samples.receipts import make_receipt
 from receipt_embed.samples.render import render_receipt
-from receipt_embed.samples.scans import Scan, read_scans, scans_of_paths
+from receipt_embed.samples.scans import Scan, checked_scan_bytes, read_scans, scans_of_paths
 
 MANIFEST_COLUMNS = ("path", "receipt_id", "device", "merchant")
 
@@ -76,7 +78,8 @@ def capture_scans(
     if not all(isinstance(s, Scan) for s in scans):
         scans = scans_of_paths(scans)
     profiles = select_devices(devices)
-    sources = ((s.name, s.receipt_id, {"merchant": "", **s.metadata}, _load_scan(s.path)) for s in scans)
+    # one scan in memory at a time, decoded from the bytes checked against the hash read_scans took
+    sources = ((s.name, s.receipt_id, {"merchant": "", **s.metadata}, _load_scan(s)) for s in scans)
     return _write_set(Path(out_dir), sources, profiles, seed, progress)
 
 
@@ -85,11 +88,15 @@ def find_scans(folder: str | Path) -> list[Path]:
     return [scan.path for scan in read_scans(folder)]
 
 
-def _load_scan(path: Path) -> Image.Image:
-    """The scan, upright; its size is checked from the header first, with ingest's pixel limit
-    (PIL's own only warns below twice that: a 734 KB PNG decoded to 3.5 GB)."""
+def _load_scan(scan: Scan) -> Image.Image:
+    """The scan, upright, decoded from bytes read as a regular file and checked against the hash
+    taken when it was listed (PIL opening the path would follow a link or block on a FIFO swapped
+    in meanwhile); its size is checked from the header first, with ingest's pixel limit (PIL's own
+    only warns below twice that: a 734 KB PNG decoded to 3.5 GB)."""
+    path = scan.path
+    data = checked_scan_bytes(scan)
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
             if width * height > DEFAULT_MAX_PIXELS:
                 raise BadInput(
@@ -97,8 +104,10 @@ def _load_scan(path: Path) -> Image.Image:
                     f"{DEFAULT_MAX_PIXELS} (possible decompression bomb); shrink the scan first"
                 )
             return ImageOps.exif_transpose(image)  # a loaded copy, upright
+    except UnidentifiedImageError:  # its message names the in-memory copy, not the file
+        raise BadInput(f"cannot read scan {quoted(shortened(str(path)))}: not an image file PIL can decode") from None
     except (OSError, Image.DecompressionBombError) as err:
-        raise BadInput(f"cannot read scan {path}: {err}") from err
+        raise BadInput(f"cannot read scan {quoted(shortened(str(path)))}: {err}") from err
 
 
 def _write_set(

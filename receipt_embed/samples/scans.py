@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,8 +34,10 @@ MAX_NAME_BYTES = 200  # a scan's name becomes its captures' file names, NAME_DEV
 # writes itself, and the scan's size (ingest measures each capture's own; it names any other clash)
 _NOT_METADATA = {"path", "scan_id", "company", "receipt_id", "device", "merchant", "width", "height"}
 # a listing field that ingest writes itself (sha256, bytes, line, ...) is kept under this suffix,
-# as ingest asks of a manifest: copied as it is, the set's own manifest would be refused
+# as ingest asks of a manifest: copied as it is, the set's own manifest would be refused; so is
+# `split`, which ingest assigns (a listing's would override that, or get rows of the set refused)
 GIVEN_SUFFIX = "_given"
+_WRITTEN_BY_INGEST = frozenset({*RESERVED_COLUMNS, "split"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Scan:
     name: str
     receipt_id: str
     metadata: dict[str, str] = field(default_factory=dict)  # manifest columns, e.g. merchant, date, total
+    sha256: str = ""  # of the bytes checked when the scan was read (empty: not read yet)
 
 
 def read_scans(folder: str | Path) -> list[Scan]:
@@ -114,17 +118,34 @@ def same_receipt_for_identical_bytes(scans: list[Scan]) -> list[Scan]:
     first: dict[str, Scan] = {}
     out = []
     for scan in scans:
-        digest = _sha256(scan.path)
+        digest = hashlib.sha256(read_scan_bytes(scan.path)).hexdigest()
         original = first.setdefault(digest, scan)
-        out.append(Scan(scan.path, scan.name, original.receipt_id, original.metadata))
+        out.append(Scan(scan.path, scan.name, original.receipt_id, original.metadata, digest))
     return out
 
 
-def _sha256(path: Path) -> str:
+def read_scan_bytes(path: Path) -> bytes:
+    """The bytes of one scan, read as a regular file (a FIFO, a device or a folder is refused by
+    name, never opened so that it blocks), at most MAX_SCAN_BYTES."""
     try:
-        return hashlib.sha256(read_regular(path, MAX_SCAN_BYTES)).hexdigest()
-    except (UnusableFile, OSError) as exc:
-        raise BadInput(f"cannot read scan {path}: {exc}") from None
+        return read_regular(path, MAX_SCAN_BYTES)
+    except UnusableFile as exc:
+        raise BadInput(f"cannot read scan {quoted(shortened(str(path)))}: {exc.detail}") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read scan {quoted(shortened(str(path)))}: {exc.strerror or exc}") from None
+
+
+def checked_scan_bytes(scan: Scan) -> bytes:
+    """The bytes of ``scan`` read again, refused unless they are the ones :func:`read_scans` checked
+    and hashed: a scan swapped meanwhile (another image, a link out of the folder, a FIFO) is
+    named, never captured into the set."""
+    data = read_scan_bytes(scan.path)
+    if scan.sha256 and hashlib.sha256(data).hexdigest() != scan.sha256:
+        raise BadInput(
+            f"scan {quoted(shortened(str(scan.path)))} changed while make-samples ran (its bytes are not the "
+            "ones checked at the start): leave the scans folder as it is until the set is written, and run it again"
+        )
+    return data
 
 
 def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
@@ -152,9 +173,10 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
             inside = False
         if not inside:
             raise BadInput(f"{where}: {quoted(shortened(row['path']))} is not a file inside {folder}")
-        name = check_scan_name(str(row.get("scan_id") or path.stem), where)
+        name = check_scan_name(_scan_id(row, path, where), where)
         metadata = {"merchant": _text(row.get("company"), where, "company")}
         for key, value in row.items():
+            _check_field_name(key, where)
             if key in _NOT_METADATA:
                 continue
             column = _metadata_column(key, row, where)
@@ -173,10 +195,33 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
     return scans
 
 
+def _scan_id(row: dict, path: Path, where: str) -> str:
+    """A listed scan's name: its ``scan_id`` (a non-empty string or a number, so ``0`` is ``"0"``),
+    or the file's stem when none is given (absent or null)."""
+    value = row.get("scan_id")
+    if value is None:
+        return path.stem
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (isinstance(value, str) and value.strip()) and not (number and math.isfinite(value)):
+        shown = quoted(shortened(value)) if isinstance(value, (str, float)) else type(value).__name__
+        raise BadInput(f"{where}: scan_id {shown} is not a non-empty string or a finite number")
+    return str(value)
+
+
+def _check_field_name(key: str, where: str) -> None:
+    """A listing field becomes a manifest column: its name must be visible text, with no spaces
+    around it (a CSV header is read stripped), no control or invisible characters."""
+    if not key.strip() or key != key.strip() or not key.isprintable():
+        raise BadInput(
+            f"{where}: field name {quoted(shortened(key))} cannot name a manifest column: it is empty, has "
+            "spaces around it, or holds control or invisible characters; rename it"
+        )
+
+
 def _metadata_column(key: str, row: dict, where: str) -> str:
     """The manifest column for listing field ``key``: ``key`` itself, or ``key_given`` for a
-    column ingest writes itself (refused if the listing also has ``key_given``)."""
-    if key not in RESERVED_COLUMNS:
+    column ingest writes itself, ``split`` included (refused if the listing also has ``key_given``)."""
+    if key not in _WRITTEN_BY_INGEST:
         return key
     column = key + GIVEN_SUFFIX
     if column in row:

@@ -73,6 +73,7 @@ def build_views(config: Config, registry, train_set, train_cache) -> ViewDataset
         train_set.labels,
         image_size=size,
         source=f"augmentation {preset!r}",
+        guard=lambda: plugin_errors(registry, "augmentation", preset, "making a view"),
     )
     with plugin_errors(registry, "augmentation", preset, "making a test view"):
         dataset[(0, 0)]

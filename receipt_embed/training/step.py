@@ -6,6 +6,7 @@ its epochs; it uses the trainer's model, loss, optimizer, schedule and config.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 
 import torch
@@ -15,6 +16,8 @@ from receipt_embed.losses.koleo import with_koleo
 from receipt_embed.registry import plugin_errors
 from receipt_embed.training.components import check_loss_value
 from receipt_embed.training.rundir import LAST
+
+MAX_SKIPPED_IN_A_ROW = 5  # steps with non-finite gradients in a row before a run counts as diverged
 
 
 class TrainingDiverged(RuntimeError):
@@ -30,20 +33,46 @@ class TrainingStep:
         self._check_finite(loss)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.config.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.train.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        clip = self.config.train.grad_clip if self.config.train.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if torch.isfinite(norm):
+            self.optimizer.step()
+            self.nonfinite_in_a_row = 0
+            self.scheduler.step()
+        else:
+            self._skip_nonfinite_gradients()
+            with warnings.catch_warnings():  # the schedule keeps its pace; torch warns of a step skipped
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
         return loss.item()
+
+    def _skip_nonfinite_gradients(self) -> None:
+        """A finite loss whose gradients are not: the update is skipped, as mixed-precision training
+        does for an overflow, instead of writing NaN into every weight (seen under bf16 on CPU: a
+        convolution's backward now and then gives NaN for a finite loss). Many in a row is divergence."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_in_a_row = getattr(self, "nonfinite_in_a_row", 0) + 1
+        self.log(
+            f"warning: non-finite gradients at epoch {self.epoch + 1}, step {self.step + 1}: update skipped "
+            f"({self.nonfinite_in_a_row} in a row)"
+        )
+        if self.nonfinite_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            raise TrainingDiverged(
+                f"the gradients were NaN or infinite for {self.nonfinite_in_a_row} steps in a row, up to epoch "
+                f"{self.epoch + 1}, step {self.step + 1}; {self._kept()}. {self._advice(temperature=True)}"
+            )
 
     def _loss_of(self, views: torch.Tensor, labels: torch.Tensor):
         """Embed the views and apply the loss (over the gathered global batch when distributed)."""
         bf16 = self.config.train.precision == "bf16"
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
         self.model.train()
-        with autocast, plugin_errors(self.registry, "encoder", self.config.model.encoder, "embedding a batch"):
-            _, projections = self.forward_model(views)
-        loss_fn = with_koleo(self.loss_fn, self.config.loss.koleo_weight)
+        buffers = {k: v.clone() for k, v in self.model.named_buffers()} if bf16 else None
+        with plugin_errors(self.registry, "encoder", self.config.model.encoder, "embedding a batch"):
+            with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+                _, projections = self.forward_model(views)
+            if bf16 and not bool(torch.isfinite(projections.detach()).all()) and self._weights_finite():
+                _, projections = self._forward_in_fp32(views, buffers)
+        loss_fn = self._guarded_loss(with_koleo(self.loss_fn, self.config.loss.koleo_weight))
         if self.ctx.distributed:
             from receipt_embed.distributed import global_loss
 
@@ -51,24 +80,83 @@ class TrainingStep:
             keys = None if self.key_model is None else self._momentum_keys(views, labels)
             return global_loss(loss_fn, projections.float(), labels, two_view=two_view, local_keys=keys)
         if self.key_model is None:
-            with plugin_errors(self.registry, "loss", self.config.loss.name, "computing the loss"):
-                return loss_fn(projections.float(), labels)
+            return loss_fn(projections.float(), labels)
         return loss_fn(projections.float(), labels, keys=self._momentum_keys(views, labels))
+
+    def _weights_finite(self) -> bool:
+        return all(bool(torch.isfinite(p.detach()).all()) for p in self.model.parameters())
+
+    def _forward_in_fp32(self, views: torch.Tensor, buffers: dict):
+        """A bf16 forward gave NaN from finite weights and images: oneDNN's bf16 convolution on CPU
+        now and then does so for a stride-2 convolution of a 4x2 feature map (measured: about one
+        call in four with torch 2.14.1). The batch-norm statistics it updated are put back and this
+        step runs in fp32, so a kernel fault is neither divergence nor NaN written into the model."""
+        with torch.no_grad():
+            for name, buffer in self.model.named_buffers():
+                buffer.copy_(buffers[name])
+        self.log(
+            f"warning: the bf16 forward at epoch {self.epoch + 1}, step {self.step + 1} gave NaN from finite "
+            "weights (a bf16 kernel fault on this CPU); the step ran in fp32"
+        )
+        return self.forward_model(views)
+
+    def _guarded_loss(self, loss_fn):
+        """``loss_fn`` whose failures (an exit it raises too) name the loss plugin, on every path; the
+        rows it gets (the gathered global batch when distributed, the same on every rank) are checked
+        first: NaN embeddings are the run diverging, not bad input to the loss."""
+
+        def guarded(embeddings, labels, **kwargs):
+            for name, rows in (("embeddings", embeddings), ("momentum keys", kwargs.get("keys"))):
+                if torch.is_tensor(rows) and not bool(torch.isfinite(rows.detach()).all()):
+                    kind = "NaN" if bool(torch.isnan(rows.detach()).any()) else "infinite"
+                    raise TrainingDiverged(
+                        f"the {name} became {kind} at epoch {self.epoch + 1}, step {self.step + 1}, before the "
+                        f"loss (the model's weights diverged); {self._kept()}. {self._advice(temperature=False)}"
+                    )
+            with plugin_errors(self.registry, "loss", self.config.loss.name, "computing the loss"):
+                return loss_fn(embeddings, labels, **kwargs)
+
+        return guarded
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         if torch.isfinite(loss):
             return
-        last = self.run_dir / LAST
-        kept = (
-            f"the last good checkpoint is {last}"
-            if last.exists()
-            else "no checkpoint was written yet (it diverged in the first epoch)"
-        )
         raise TrainingDiverged(
             f"loss became {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1} "
-            f"(loss {self.config.loss.name}, temperature {self.config.loss.temperature}); {kept}. "
-            "Try a lower train.lr, or a higher loss.temperature for a temperature-scaled loss."
+            f"(loss {self.config.loss.name}, temperature {self.config.loss.temperature}); {self._kept()}. "
+            f"{self._advice(temperature=True)}"
         )
+
+    def _check_weights(self) -> None:
+        """After an epoch: weights an update made NaN or infinite are the run diverging (evaluation
+        would otherwise refuse the NaN embeddings as bad input)."""
+        for name, weight in self.model.named_parameters():
+            if not bool(torch.isfinite(weight.detach()).all()):
+                raise TrainingDiverged(
+                    f"the weight {name} became NaN or infinite in epoch {self.epoch + 1}; {self._kept()}. "
+                    f"{self._advice(temperature=False)}"
+                )
+
+    def _kept(self) -> str:
+        last = self.run_dir / LAST
+        if last.exists():
+            return f"the last good checkpoint is {last}"
+        return "no checkpoint was written yet (it diverged in the first epoch)"
+
+    def _advice(self, temperature: bool) -> str:
+        """What to change, for the values this run has: a higher temperature only where it is low enough
+        to matter (below 1 the logits grow as 1 / temperature), grad clipping only where it is off."""
+        train = self.config.train
+        tips = [f"a lower train.lr (now {train.lr:g})"]
+        if train.grad_clip == 0:
+            tips.append("train.grad_clip > 0 (now 0: off)")
+        if train.precision == "bf16":
+            tips.append("train.precision=fp32")
+        if temperature and self.config.loss.temperature < 1:
+            tips.append(
+                f"a higher loss.temperature (now {self.config.loss.temperature:g}) for a temperature-scaled loss"
+            )
+        return "Try " + ", or ".join(tips) + "."
 
     @torch.no_grad()
     def _momentum_keys(self, views: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -78,5 +166,6 @@ class TrainingStep:
         half = len(views) // 2  # a two-view batch, as build_components made sure the sampler declares
         momentum_update(self.model, self.key_model, self.config.train.momentum)
         self.key_model.train()
-        _, keys = self.key_model(views)
+        with plugin_errors(self.registry, "encoder", self.config.model.encoder, "embedding momentum keys"):
+            _, keys = self.key_model(views)
         return keys.float().roll(half, dims=0)

@@ -23,6 +23,12 @@ SWEEP_FILE = "sweep.json"
 def parse_sweep(spec: str) -> tuple[str, list[str]]:
     """``loss.temperature=0.05,0.1,0.2`` -> (key, values); a value given twice is refused up front."""
     key, _, raw = spec.partition("=")
+    plain = re.sub(r"\$\{[^{}]*\}", "", raw)  # an interpolation ${...} is a value, not a mapping
+    if any(bracket in plain for bracket in "[]{}"):  # values are split at commas: [64,32] would be cut in two
+        raise ConfigError(
+            f"--sweep {quoted(shortened(spec))}: list and mapping values cannot be swept (values are split "
+            "at commas); sweep a number or a name, or train once per value with --set"
+        )
     values = [v.strip() for v in raw.split(",") if v.strip()]
     if not key.strip() or len(values) < 2:
         raise ConfigError(f"--sweep expects key=value1,value2[,...], got {quoted(spec)}")
@@ -74,6 +80,7 @@ def run_sweep(
 def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) -> dict:
     key, values = parse_sweep(spec)
     configs = [_swept(config, key, value) for value in values]  # validate all first
+    _refuse_equal_values(key, values, configs)
     out_dir = Path(out_dir)
     for value in values:  # and refuse an existing run of any value before the first one trains
         check_run_out(out_dir / run_name(key, value))
@@ -112,6 +119,26 @@ def _swept(config, key: str, value: str):
     except ConfigError as exc:
         where = f"--sweep '{shortened(f'{key}={value}')}'"
         raise ConfigError(str(exc) if where in str(exc) else f"{where}: {exc}") from None
+
+
+def _refuse_equal_values(key: str, values: list[str], configs: list) -> None:
+    """Two values the config reads as one (``0.1`` and ``0.10``, ``1`` and ``1.0`` for a number)
+    would train the same run twice: refused, naming both as given."""
+    seen: dict[str, str] = {}
+    for value, swept in zip(values, configs):
+        node = swept.model_dump(mode="json")
+        try:
+            for part in key.split("."):
+                node = node[part]
+        except (KeyError, TypeError, IndexError):  # not a path into the config's sections: nothing to compare
+            return
+        read = repr(node)
+        if read in seen:
+            raise ConfigError(
+                f"--sweep values {quoted(seen[read])} and {quoted(value)} of {key} are the same value ({read}); "
+                "give each value once"
+            )
+        seen[read] = value
 
 
 def format_sweep(summary: dict) -> str:

@@ -26,14 +26,14 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from receipt_embed.batch_layout import TWO_VIEW
-from receipt_embed.config import Config, save_config
-from receipt_embed.data.cache import cache_size
+from receipt_embed.config import Config, cache_size, save_config
 from receipt_embed.data.dataset_dir import cache_captures, load_dataset_dir, select_split
 from receipt_embed.distributed import RankBatches, agree_after_step, any_rank, init_from_env
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
 from receipt_embed.fileio import append_line, atomic_write_json
 from receipt_embed.locking import check_still_held
+from receipt_embed.registry import plugin_errors
 from receipt_embed.stops import raise_if_stopped
 from receipt_embed.training.budget import TimeBudget, budget_spent, nothing_to_train
 from receipt_embed.training.checkpoint import save_checkpoint
@@ -105,8 +105,8 @@ class Trainer(TrainingStep):
         self.optimizer = torch.optim.AdamW(
             params, lr=config.train.lr, weight_decay=config.train.weight_decay, fused=True
         )
-        self.steps_per_epoch = len(self.sampler)
         with self.batches.guard():  # batches depend only on (seed, epoch): looking at one changes nothing
+            self.steps_per_epoch = len(self.sampler)
             views_per_step = len(next(iter(self.sampler), []))
         self.epochs = planned_epochs(config.train.epochs, self.steps_per_epoch, views_per_step)
         self.budget, self.budget_spent = TimeBudget(config.train.max_minutes), 0.0
@@ -132,8 +132,9 @@ class Trainer(TrainingStep):
                 f"{data_dir} has {len(self.train_set.identities)} training identities; at least 2 are needed"
             )
         size = cache_size(tuple(self.config.data.image_size), self.config.train.cache_margin)
-        self.train_cache = cache_captures(self.train_set, size, self.config.ingest, progress=self.progress)
-        self.val_cache = cache_captures(self.val_set, size, self.config.ingest, progress=self.progress)
+        crop = self.config.data.page_crop
+        self.train_cache = cache_captures(self.train_set, size, self.config.ingest, self.progress, crop_page=crop)
+        self.val_cache = cache_captures(self.val_set, size, self.config.ingest, self.progress, crop_page=crop)
 
     def _build_components(self) -> None:
         """Model, loss, sampler and augmentation from their plugins, each checked before the first step."""
@@ -267,12 +268,14 @@ class Trainer(TrainingStep):
     def _end_epoch(self) -> dict:
         """Evaluate, log the epoch's line, save last.pt (and best.pt), call the epoch hooks."""
         line = self._epoch_line()
+        self._check_weights()  # on every rank: their weights are the same
         if not self.ctx.is_main:  # rank 0 evaluates and writes; its BN statistics reach the others via DDP
             self._next_epoch()
             return line
         if len(self.val_set):
-            recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
-            line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)
+            with plugin_errors(self.registry, "encoder", self.config.model.encoder, "evaluating", exits_only=True):
+                recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
+                line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)
         check_still_held(self.run_dir)  # never two writers in one run dir, even if its lock file was deleted
         append_line(self.run_dir / METRICS_FILE, json.dumps(line))  # one write + fsync: a crash tears at most this line
         self._next_epoch()

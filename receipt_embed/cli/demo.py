@@ -86,7 +86,7 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
     from receipt_embed.locking import write_lock
     from receipt_embed.outdir import refuse_nested
 
-    config = resolve_config([str(DEMO_CONFIG), *([config_file] if config_file else [])], overrides)
+    config = resolve_config([str(DEMO_CONFIG), *(config_file or [])], overrides)
     registry = load_registry(ctx, config)
     check_components(config, registry)
     out = Path(out_dir)

@@ -133,7 +133,13 @@ def train(ctx, data_dir, out_dir, resume, sweeps, quiet, nproc, force, config_fi
             "a sweep trains once per value of one key: give one --sweep"
         )
     sweep = sweeps[0] if sweeps else None
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    from receipt_embed.distributed import env_context, rendezvous_timeout
+
+    try:  # a bad or stray torch.distributed variable is one line naming it, before anything starts
+        world = env_context().world_size
+        rendezvous_timeout()
+    except BadInput as exc:
+        raise InputError(str(exc)) from None
     if world > 1 and os.environ.get(PARENT_PID_ENV, "").isdigit():  # a rank of train --nproc: stop with torchrun
         stop_with_parent(int(os.environ[PARENT_PID_ENV]))
     data_dir = _data_dir_of(out_dir, data_dir, resume, sweep)

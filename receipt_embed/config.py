@@ -415,6 +415,35 @@ def _source_of(key: str, layers: list, sources: Sequence[str]) -> str | None:
 _MISSING = object()
 
 
+def _container_clash(layers: list, sources: Sequence[str]) -> str | None:
+    """Why the layers cannot be merged, naming the layer and the key: a list given where the layers
+    below hold a mapping (``augment: {params: [1, 2]}``) or a mapping where they hold a list. The
+    config library says only "Cannot merge incompatible container types"."""
+    if len(sources) != len(layers):
+        return None
+    below = OmegaConf.to_container(layers[0], resolve=False)
+    for layer, source in zip(layers[1:], sources[1:]):
+        given = OmegaConf.to_container(layer, resolve=False)
+        pending = [("", below, given)]
+        while pending:
+            prefix, old, new = pending.pop()
+            for key, value in new.items() if isinstance(new, dict) and isinstance(old, dict) else ():
+                path = f"{prefix}.{key}" if prefix else str(key)
+                if isinstance(old.get(key), dict) and isinstance(value, list):
+                    return f"{source}: {shortened(path)} must be a mapping, got a list"
+                if isinstance(old.get(key), list) and isinstance(value, dict):
+                    return (
+                        f"{source}: {shortened(path)} must be a list, got a mapping; a list such as data.image_size "
+                        'is given whole (--set "data.image_size=[96,48]"), never one element'
+                    )
+                pending.append((path, old.get(key), value))
+        try:
+            below = OmegaConf.to_container(OmegaConf.merge(below, given), resolve=False)
+        except (OmegaConfBaseException, TypeError):
+            return None
+    return None
+
+
 def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
     try:
         merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
@@ -427,7 +456,10 @@ def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
                 f"config key '{key}'{f' (from {source})' if source else ''} cannot be resolved: {problem}"
             ) from None
         raise ConfigError(f"cannot resolve the config: {problem}") from None
-    except TypeError as exc:  # `--set data.image_size[0]=32`: a mapping merged into a list
+    except TypeError as exc:  # a list where a mapping is expected, or `--set data.image_size[0]=32`
+        clash = _container_clash(layers, sources)
+        if clash:
+            raise ConfigError(clash) from None
         raise ConfigError(
             f"cannot merge the config: {shortened(str(exc).strip().splitlines()[0])}; a list such as "
             'data.image_size is given whole (--set "data.image_size=[96,48]"), never one element'

@@ -35,6 +35,13 @@ def printable(value) -> str:
     return "".join(_escape(c) if c in _NAMED or unicodedata.category(c) in _HIDDEN else c for c in text)
 
 
+def printable_lines(text: str) -> str:
+    """A message of several lines the tool wrote (a table, a summary), each line made
+    :func:`printable` on its own: the tool's line breaks stay, a path or value in a line cannot
+    send a terminal control sequence."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 SHOWN_CHARACTERS = 200  # of one value in an error message: a value pasted by mistake can be megabytes
 
 

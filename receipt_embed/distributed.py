@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 
 
@@ -39,16 +40,136 @@ class DistContext:
         return self.world_size > 1
 
 
+RENDEZVOUS_TIMEOUT_ENV = "RECEIPT_EMBED_RENDEZVOUS_TIMEOUT"
+RENDEZVOUS_TIMEOUT_S = 300.0  # how long ranks started without torchrun wait for each other
+_START_RANKS = (
+    "start every rank (torchrun, or `receipt-embed train --nproc N`), or unset WORLD_SIZE, RANK, MASTER_ADDR "
+    "and MASTER_PORT to train in one process"
+)
+
+
+def _whole_number(name: str, minimum: int, maximum: int | None = None) -> int | None:
+    """The environment variable ``name`` as a whole number in [minimum, maximum], None when unset;
+    anything else is refused naming the variable (``int()`` would be a traceback, or take " 2")."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    number = int(raw) if raw.isascii() and raw.isdigit() else None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        bound = f"from {minimum} to {maximum}" if maximum is not None else f"of {minimum} or more"
+        raise BadInput(
+            f"{name}={quoted(shortened(raw, 60))} in the environment is not a whole number {bound}; {_START_RANKS}"
+        )
+    return number
+
+
+def env_context() -> DistContext:
+    """This process's rank and the world size the environment gives (torch.distributed's RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT), checked up front: a bad value is one line naming
+    the variable, not a traceback from torch, and unset they mean a single process."""
+    world = _whole_number("WORLD_SIZE", 1)
+    world = 1 if world is None else world
+    rank = _whole_number("RANK", 0, world - 1)
+    if world > 1:
+        if rank is None:
+            raise BadInput(f"WORLD_SIZE={world} is set in the environment but RANK is not; {_START_RANKS}")
+        if not os.environ.get("MASTER_ADDR", "").strip():
+            raise BadInput(f"WORLD_SIZE={world} is set in the environment but MASTER_ADDR is not; {_START_RANKS}")
+        if _whole_number("MASTER_PORT", 1, 65535) is None:
+            raise BadInput(f"WORLD_SIZE={world} is set in the environment but MASTER_PORT is not; {_START_RANKS}")
+    return DistContext(rank or 0, world)
+
+
+def rendezvous_timeout() -> float:
+    """Seconds ranks started without torchrun wait for each other (``RECEIPT_EMBED_RENDEZVOUS_TIMEOUT``)."""
+    raw = os.environ.get(RENDEZVOUS_TIMEOUT_ENV)
+    if raw is None:
+        return RENDEZVOUS_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise BadInput(
+            f"{RENDEZVOUS_TIMEOUT_ENV}={quoted(shortened(raw, 60))} in the environment is not a positive number of seconds"
+        )
+    return seconds
+
+
 def init_from_env(backend: str | None = None) -> DistContext:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
     gloo on CPU, nccl when CUDA is available; a single process without torchrun's variables
-    is world size 1 and initialises nothing."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    is world size 1 and initialises nothing. Ranks started without torchrun (the variables set
+    by hand, or left over in a shell) meet in :func:`_rendezvous`: it says on stderr whom it
+    waits for, gives up after :func:`rendezvous_timeout`, and a stop signal ends the wait."""
+    ctx = env_context()
+    if not ctx.distributed:
         return DistContext()
     if not dist.is_initialized():
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # torchrun started the ranks together
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, store=_rendezvous(ctx), rank=ctx.rank, world_size=ctx.world_size)
     return DistContext(dist.get_rank(), dist.get_world_size())
+
+
+_JOINED = "receipt_embed/joined"
+_POLL_S = 0.1
+_SAY_AFTER_S = 1.0  # ranks started together meet at once; a longer wait is said on stderr
+
+
+def _rendezvous(ctx: DistContext):
+    """The store of ranks started without torchrun, once all of them have joined it. torch's own
+    rendezvous blocks inside C++ (a SIGTERM waits for it) and, with a rank missing, waits half an
+    hour in silence; here the waiting is short steps in Python, so a stop signal ends it."""
+    import socket
+    import sys
+    import time
+    from datetime import timedelta
+
+    from torch.distributed.constants import default_pg_timeout
+
+    address, port = os.environ["MASTER_ADDR"].strip(), int(os.environ["MASTER_PORT"])
+    where = f"{address}:{port} (WORLD_SIZE={ctx.world_size} from the environment)"
+    limit = rendezvous_timeout()
+    started, said = time.monotonic(), False
+
+    def waited(what: str) -> None:
+        nonlocal said
+        elapsed = time.monotonic() - started
+        if elapsed > limit:
+            raise BadInput(f"no {what} joined at {where} within {limit:g} s; {_START_RANKS}")
+        if not said and elapsed > _SAY_AFTER_S:
+            print(
+                f"waiting for {what} at {where}, for up to {limit:g} s ({RENDEZVOUS_TIMEOUT_ENV}) ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = True
+        time.sleep(_POLL_S)
+
+    if ctx.is_main:
+        try:
+            store = dist.TCPStore(address, port, ctx.world_size, True, default_pg_timeout, wait_for_workers=False)
+        except (RuntimeError, OSError) as exc:  # the port is taken, or the address is not this machine's
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BadInput(f"rank 0 cannot listen at {where}: {shortened(first, 200)}; {_START_RANKS}") from None
+    else:
+        while True:  # a plain connect first: torch's client retries inside C++ and logs each failure
+            try:
+                with socket.create_connection((address, port), timeout=1):
+                    break
+            except OSError:
+                waited("the process of rank 0")
+        store = dist.TCPStore(address, port, ctx.world_size, False, timedelta(seconds=limit))
+        store.set_timeout(default_pg_timeout)
+    store.add(_JOINED, 1)
+    while (joined := store.add(_JOINED, 0)) < ctx.world_size:
+        missing = ctx.world_size - joined
+        waited(f"{missing} more process{'es' if missing > 1 else ''}")
+    return store
 
 
 def shutdown() -> None:

@@ -45,7 +45,9 @@ def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
     stop = exc if isinstance(exc, StoppedBySignal) else StoppedBySignal(received[-1]) if received else None
     if stop is not None and not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
         stop.reported = True
-        print(f"stopped by {signal_name(stop)}: {out} left as it was", file=sys.stderr, flush=True)
+        from receipt_embed.display import printable
+
+        print(printable(f"stopped by {signal_name(stop)}: {out} left as it was"), file=sys.stderr, flush=True)
     return stop
 
 

@@ -129,7 +129,7 @@ def test_a_nan_threshold_is_refused_not_compared(cli, tmp_path, args):
         (["train", "--data", "", "--out", "x"], "--data"),
         (["search", ".", ""], "a value of IMAGES"),
         (["--plugins-dir", "", "config"], "--plugins-dir"),
-        (["config", "--config", ""], "--config"),
+        (["config", "--config", ""], "a value of --config"),  # repeatable: one of its values
     ],
     ids=[
         *(f"{command}-out" for command in ("ingest", "index", "index-merge", "train", "demo", "make-samples")),

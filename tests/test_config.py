@@ -215,7 +215,10 @@ def test_a_config_key_yaml_does_not_read_as_a_name_is_one_line(tmp_path, text, k
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("data.image_size[0]=32", "cannot merge the config: Cannot merge incompatible container types; a list such"),
+        (
+            "data.image_size[0]=32",
+            "--set 'data.image_size[0]=32': data.image_size must be a list, got a mapping; a list such",
+        ),
         ("train.seed=-1", "config key 'train.seed': Input should be greater than or equal to 0 (got -1)"),
         ("train.seed=99999999999999999999", "config key 'train.seed': Input should be less than 9223372036854775808"),
     ],
@@ -369,3 +372,40 @@ def test_a_cache_margin_that_would_decode_without_limit_is_refused():
         "over 2048 a side; use a smaller train.cache_margin or data.image_size"
     )
     assert load_config(overrides=["train.cache_margin=4", "data.image_size=[512,256]"]).train.cache_margin == 4
+
+
+@pytest.mark.parametrize("section", ["augment", "loss", "sampler", "model"])
+def test_a_list_where_a_mapping_is_expected_names_the_file_and_the_key(tmp_path, section):
+    """Attack round 17 G8: `augment: {params: [1, 2]}` in a --config file (or a --set) was "cannot merge
+    the config: Cannot merge incompatible container types", naming neither the file nor the key."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"{section}:\n  params: [1, 2]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"config file {path}: {section}.params must be a mapping, got a list"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"{section}.params=[1,2]"])
+    assert str(info.value) == f"--set '{section}.params=[1,2]': {section}.params must be a mapping, got a list"
+    fine, whole = tmp_path / "fine.yaml", tmp_path / "whole.yaml"
+    fine.write_text("train:\n  epochs: 2\n")
+    whole.write_text(f"{section}: [1]\n")
+    with pytest.raises(ConfigError) as info:  # the second file is the one named
+        load_config([fine, whole])
+    assert str(info.value) == f"config file {whole}: {section} must be a mapping, got a list"
+
+
+def test_cli_merges_several_config_files_in_order(cli, tmp_path):
+    """Attack round 17 G7: a second --config silently dropped the first; now they merge in order
+    (a later file wins), and a bad one is named."""
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("train:\n  epochs: 3\n  lr: 0.5\n")
+    second.write_text("train:\n  lr: 0.25\n")
+    result = cli("config", "--config", first, "--config", second)
+    assert result.returncode == 0, result.stderr
+    trained = yaml.safe_load(result.stdout)["train"]
+    assert (trained["epochs"], trained["lr"]) == (3, 0.25)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("augment:\n  params: [1, 2]\n")
+    result = cli("config", "--config", first, "--config", bad)
+    assert result.returncode == 2
+    assert result.stderr == f"Error: config file {bad}: augment.params must be a mapping, got a list\n"

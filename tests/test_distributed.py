@@ -449,3 +449,62 @@ def test_nproc_is_capped_before_anything_starts(tmp_path):
     result = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "run"), "--nproc", str(MAX_NPROC + 1)])
     assert result.exit_code == 2 and f"{MAX_NPROC + 1} is not in the range 1<=x<={MAX_NPROC}" in result.output
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' in the environment is not a whole number of 1 or more; "),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' in the environment is not a whole number of 1 or more; "),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1' in the environment is not a whole number of 1 or more; "),
+        ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK='2' in the environment is not a whole number from 0 to 1; "),
+        ({"WORLD_SIZE": "2", "RANK": "0"}, "WORLD_SIZE=2 is set in the environment but MASTER_ADDR is not; "),
+        ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "x"}, "MASTER_PORT='x' in "),
+    ],
+)
+def test_bad_torch_distributed_variables_are_one_line_naming_them(cli, tmp_path, env, message):
+    """Attack round 17 G2: a bad WORLD_SIZE ("abc", "0", "-1") was an internal error (a traceback)."""
+    result = cli("train", "--data", tmp_path, "--out", tmp_path / "run", env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"Error: {message}") and result.stderr.count("\n") == 1, result.stderr
+    assert "start every rank (torchrun, or `receipt-embed train --nproc N`), or unset WORLD_SIZE" in result.stderr
+
+
+def test_a_stray_world_size_says_whom_it_waits_for_gives_up_and_stops_on_sigterm(tmp_path):
+    """Attack round 17 G2: a stray `WORLD_SIZE=2 RANK=0 MASTER_ADDR MASTER_PORT` (no launcher) waited
+    silently for the other rank and ignored SIGTERM. It says so, gives up after the rendezvous timeout
+    with one line, and SIGTERM stops the wait (exit 143)."""
+    import signal
+    import time
+
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    ingest(REPO / "data_samples", tmp_path / "ds", load_config().ingest)
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RECEIPT_EMBED_", "TORCHELASTIC_"))},
+        "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "RECEIPT_EMBED_RENDEZVOUS_TIMEOUT": "4",
+    }  # fmt: skip
+    command = [sys.executable, "-m", "receipt_embed", "train", "--data", str(tmp_path / "ds"), "-q"]
+    waiting = f"waiting for 1 more process at 127.0.0.1:{port} (WORLD_SIZE=2 from the environment), for up to 4 s"
+    result = subprocess.run([*command, "--out", str(tmp_path / "a")], env=env, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert waiting in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(
+        f"Error: no 1 more process joined at 127.0.0.1:{port} (WORLD_SIZE=2 from the environment) within 4 s; "
+    )
+    process = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "b")],
+        env={**env, "RECEIPT_EMBED_RENDEZVOUS_TIMEOUT": "120"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = process.stderr.readline()
+    assert line.startswith("waiting for 1 more process"), line
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    stderr = process.stderr.read()
+    assert process.wait(timeout=60) == 143, stderr
+    assert time.monotonic() - started < 30 and "stopped by SIGTERM" in stderr and "Traceback" not in stderr

@@ -192,3 +192,31 @@ def test_a_huge_identifier_is_shown_shortened_in_ingest_messages(tmp_path):
     result = run_cli("ingest", tmp_path / "long.jsonl", "--out", tmp_path / "o2")
     assert result.returncode == 1 and len(result.stderr) < 2000, result.stderr[:300]
     assert "  rejected: " in result.stderr and "characters)" in result.stderr
+
+
+def test_out_paths_with_control_characters_print_escaped(tmp_path):
+    """Attack round 17 G6: an ESC in an --out path was printed raw by `train`, `index --shard` and
+    `search --all-pairs` (a terminal-injection risk); every line naming it prints it escaped."""
+    from conftest import TINY_TRAINING
+
+    from receipt_embed.indexing import index_dataset
+
+    dataset, checkpoint = train_tiny(tmp_path)
+    evil = "x\x1b[2Jclear\u202e"
+    sets = [item for key in [*TINY_TRAINING, "train.num_workers=0"] for item in ("--set", key)]
+    runs = {
+        "train": ["train", "--data", dataset, "--out", tmp_path / f"run{evil}", "-q", *sets],
+        "index --shard": [
+            "index", "--checkpoint", checkpoint, "--data", dataset, "--shard", "0/2", "--out", tmp_path / f"shard{evil}",
+        ],
+    }  # fmt: skip
+    index_dataset(checkpoint, dataset, tmp_path / "index", builtin_registry())
+    runs["search --all-pairs"] = [
+        "search", tmp_path / "index", "--all-pairs", "--threshold", "0.9", "--out", tmp_path / f"pairs{evil}.csv",
+    ]  # fmt: skip
+    for name, args in runs.items():
+        result = run_cli(*args)
+        assert result.returncode == 0, (name, result.stderr)
+        shown = result.stdout + result.stderr
+        assert "\x1b" not in shown and "\u202e" not in shown, name
+        assert "x\\x1b[2Jclear\\u202e" in shown, (name, shown)

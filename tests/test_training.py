@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -713,3 +714,42 @@ def test_a_bf16_forward_that_gives_nan_from_finite_weights_reruns_in_fp32(datase
     assert math.isfinite(result.metrics[0]["loss"])
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+def test_a_stopped_sweep_advises_what_works(dataset, tmp_path):
+    """Attack round 17 G9: a `train --sweep` stopped by SIGHUP (a closed terminal) said "continue with
+    --resume", which --sweep refuses. The stop names the value's run dir to resume, or --force to
+    sweep again, and that advice works."""
+    out = tmp_path / "sweep"
+    first = out / "train.seed=1"
+    process = subprocess.Popen(
+        [*_train_cmd(dataset, out, "train.epochs=4"), "--sweep", "train.seed=1,2"],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),  # as a shell's command gets it
+    )
+    metrics = first / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None and not (metrics.exists() and metrics.read_text()):
+        time.sleep(0.005)
+    process.send_signal(signal.SIGHUP)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 129, stderr
+    assert "SIGHUP received: saved" in stderr and "Traceback" not in stderr
+    assert "continue with --resume" not in stderr
+    assert (
+        f"the sweep stopped there (no {out / 'sweep.json'} written; --sweep cannot --resume): finish this value "
+        f"with `receipt-embed train --out {shlex.quote(str(first))} --resume`, or sweep every value anew by "
+        "running the same `train --sweep` with --force\n"
+    ) in stderr
+    assert not (out / "train.seed=2").exists() and not (out / "sweep.json").exists()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", "train", "--out", str(first), "-q", "--resume"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert [line["epoch"] for line in _metrics(first)] == [1, 2, 3, 4]

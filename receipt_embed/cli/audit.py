@@ -146,7 +146,7 @@ def audit_shortcuts(
     if out_dir == "-":
         raise InputError("--out takes a directory for audit.json and audit.html; the summary always goes to stdout")
     out = Path(out_dir) if out_dir else Path(index_dir) / "audit"
-    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    log = (lambda message: None) if quiet else (lambda message: click.echo(printable(message), err=True))
     both = [name for name in dict.fromkeys(context) if name in attributes]
     if both:
         raise InputError(

@@ -17,6 +17,7 @@ from receipt_embed.cli.options import (
     load_registry,
     resolve_config,
 )
+from receipt_embed.display import printable, printable_lines
 from receipt_embed.errors import BadInput
 from receipt_embed.stops import StoppedBySignal
 
@@ -86,7 +87,7 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
     from receipt_embed.locking import write_lock
     from receipt_embed.outdir import refuse_nested
 
-    config = resolve_config([str(DEMO_CONFIG), *([config_file] if config_file else [])], overrides)
+    config = resolve_config([str(DEMO_CONFIG), *(config_file or [])], overrides)
     registry = load_registry(ctx, config)
     check_components(config, registry)
     out = Path(out_dir)
@@ -160,7 +161,7 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
         from receipt_embed.samples import make_samples
 
         source = out / "samples"
-        click.echo(f"data_samples/ not found; generating sample receipts into {source}")
+        click.echo(printable(f"data_samples/ not found; generating sample receipts into {source}"))
         make_samples(source, receipts=60, devices=3, seed=0)
     steps = (
         ("dataset", lambda: _ingest_step(config, source, out, progress)),
@@ -176,7 +177,7 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
             _say_stopped(stop, out, done)
             raise
         done.append(part)
-    click.echo(f"Done in {time.perf_counter() - started:.0f}s; results in {out}")
+    click.echo(printable(f"Done in {time.perf_counter() - started:.0f}s; results in {out}"))
 
 
 def _say_stopped(stop, out: Path, done: list[str]) -> None:
@@ -188,9 +189,11 @@ def _say_stopped(stop, out: Path, done: list[str]) -> None:
         return  # the lock of OUT (or of the part being written) says it in its own line
     rest = [name for name in ("dataset", "run", "index", "audit") if name not in done]
     print(
-        f"stopped by {signal_name(stop)}: the demo in {out} replaced {', '.join(done)}; "
-        f"{', '.join(rest)} {'is' if len(rest) == 1 else 'are'} the previous run's: run it again with "
-        f"`receipt-embed demo --out {out} --force`",
+        printable(
+            f"stopped by {signal_name(stop)}: the demo in {out} replaced {', '.join(done)}; "
+            f"{', '.join(rest)} {'is' if len(rest) == 1 else 'are'} the previous run's: run it again with "
+            f"`receipt-embed demo --out {out} --force`"
+        ),
         file=sys.stderr,
         flush=True,
     )
@@ -200,7 +203,7 @@ def _say_stopped(stop, out: Path, done: list[str]) -> None:
 def _ingest_step(config, source: Path, out: Path, progress: bool) -> None:
     from receipt_embed.ingest import ingest
 
-    click.echo(f"[1/4] ingest {source} -> {out / 'dataset'}")
+    click.echo(printable(f"[1/4] ingest {source} -> {out / 'dataset'}"))
     result = ingest(source, out / "dataset", config.ingest, progress=progress, force=True)
     click.echo(result.summary())
     heldout = result.report["per_split"].get("heldout", {}).get("identities", 0)
@@ -218,8 +221,10 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
     from receipt_embed.training.trainer import TrainingInterrupted, train
 
     click.echo(
-        f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
-        f"{config.train.epochs} epochs -> {out / 'run'}"
+        printable(
+            f"[2/4] train {config.model.encoder}, {config.loss.name} (temperature {config.loss.temperature}), "
+            f"{config.train.epochs} epochs -> {out / 'run'}"
+        )
     )
     try:
         trained = train(
@@ -229,15 +234,17 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
             registry,
             progress=progress,
             force=True,
-            log=(lambda message: None) if quiet else (lambda message: click.echo(f"  {message}")),
+            log=(lambda message: None) if quiet else (lambda message: click.echo(printable(f"  {message}"))),
         )
     except _plugin_failures() as exc:
         raise InputError(str(exc)) from None
     except TrainingInterrupted as exc:  # the run's last.pt is saved; the demo's later steps never ran
         click.echo(
-            f"{str(exc).removesuffix('; continue with --resume')}; the demo's index and audit were not made: "
-            f"run it again with `receipt-embed demo --out {out} --force`, or finish the training with "
-            f"`receipt-embed train --out {out / 'run'} --resume`",
+            printable(
+                f"{str(exc).removesuffix('; continue with --resume')}; the demo's index and audit were not made: "
+                f"run it again with `receipt-embed demo --out {out} --force`, or finish the training with "
+                f"`receipt-embed train --out {out / 'run'} --resume`"
+            ),
             err=True,
         )
         raise SystemExit(exc.code) from None
@@ -256,8 +263,10 @@ def _index_step(config, registry, out: Path, progress: bool) -> None:
 
     features = config.train.select_on
     click.echo(
-        f"[3/4] index the held-out captures ({features} features, the ones the checkpoint was selected on) "
-        f"-> {out / 'index'}"
+        printable(
+            f"[3/4] index the held-out captures ({features} features, the ones the checkpoint was selected on) "
+            f"-> {out / 'index'}"
+        )
     )
     meta = index_dataset(
         out / "run" / "checkpoints" / "best.pt",
@@ -270,21 +279,23 @@ def _index_step(config, registry, out: Path, progress: bool) -> None:
         force=True,
     )
     click.echo(
-        f"  {meta['count']} items of dim {meta['dim']}. Try: receipt-embed search {out / 'index'} "
-        f"{meta_first_path(out / 'index')} --k 3\n  (the query itself comes first, marked [same file]; "
-        "its receipt's other captures should follow)"
+        printable(
+            f"  {meta['count']} items of dim {meta['dim']}. Try: receipt-embed search {out / 'index'} "
+            f"{meta_first_path(out / 'index')} --k 3"
+        )
+        + "\n  (the query itself comes first, marked [same file]; its receipt's other captures should follow)"
     )
 
 
 def _audit_step(registry, out: Path) -> None:
     from receipt_embed.audit.run import run_audit, summary
 
-    click.echo(f"[4/4] audit-shortcuts {out / 'index'} for device (merchant as context) -> {out / 'audit'}")
+    click.echo(printable(f"[4/4] audit-shortcuts {out / 'index'} for device (merchant as context) -> {out / 'audit'}"))
     try:
         figures = run_audit(
             out / "index", ["device"], out / "audit", context=("merchant",), registry=registry, force=True
         )
     except _plugin_failures() as exc:
         raise InputError(str(exc)) from None
-    click.echo("\n".join(f"  {line}" for line in summary(figures).splitlines()))
-    click.echo(f"  report: {out / 'audit' / 'audit.html'}")
+    click.echo(printable_lines("\n".join(f"  {line}" for line in summary(figures).splitlines())))
+    click.echo(printable(f"  report: {out / 'audit' / 'audit.html'}"))

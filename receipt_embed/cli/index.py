@@ -101,7 +101,7 @@ def index(
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
 
-    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    log = (lambda message: None) if quiet else (lambda message: click.echo(printable(message), err=True))
     options = {"factory": factory, "target_recall": target_recall, "train_size": train_size, "log": log, "force": force}
     given = {
         name
@@ -109,7 +109,7 @@ def index(
         if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
     if shard is None and factory.replace(" ", "") == "Flat" and given & {"target_recall", "train_size"}:
-        click.echo(f"Warning: {factory} is exact: --target-recall and --train-size do not apply", err=True)
+        click.echo(printable(f"Warning: {factory} is exact: --target-recall and --train-size do not apply"), err=True)
     images = {
         "split": split,
         "features": features,
@@ -179,8 +179,10 @@ def _index_shard(ctx, checkpoint, data_dir, manifest, out_dir, shard, given, ima
         checkpoint, data_dir, out_dir, registry, **images, shard=parse_shard(shard), log=log, force=force
     )
     click.echo(
-        f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
-        f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`"
+        printable(
+            f"Wrote shard {meta['shard']}/{meta['shards']} (rows {meta['rows'][0]}..{meta['rows'][1] - 1} "
+            f"of {meta['total']}) -> {out_dir}; join all shards with `receipt-embed index-merge`"
+        )
     )
 
 
@@ -213,7 +215,7 @@ def index_merge(shard_dirs, out_dir, factory, target_recall, train_size, quiet, 
     from receipt_embed.indexing import IndexBuildError, IndexDirError
     from receipt_embed.indexing.shards import merge_shards
 
-    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    log = (lambda message: None) if quiet else (lambda message: click.echo(printable(message), err=True))
     try:
         meta = merge_shards(
             list(shard_dirs),

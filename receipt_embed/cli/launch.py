@@ -43,9 +43,13 @@ def launch_torchrun(nproc: int, out: Path) -> int:
         "receipt_embed",
         *args,
     ]
+    from receipt_embed.display import printable
+
     click.echo(
-        "launching "
-        + shlex.join(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "receipt_embed", *args]),
+        printable(
+            "launching "
+            + shlex.join(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "receipt_embed", *args])
+        ),
         err=True,
     )
     from receipt_embed.locking import held_descriptor, held_locks_env

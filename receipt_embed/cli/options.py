@@ -108,8 +108,8 @@ def config_options(command):
         "--config",
         "config_file",
         type=ExistingPath(dir_okay=False),
-        default=None,
-        help="YAML file merged over configs/default.yaml.",
+        multiple=True,  # merged in order, so a second one is never silently dropped
+        help="YAML file merged over configs/default.yaml; repeatable: files merge in order, a later one wins.",
     )
     @click.option(
         "--set",
@@ -119,8 +119,8 @@ def config_options(command):
         help="Override one config key, e.g. --set train.epochs=5 (repeatable).",
     )
     @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        return command(*args, **kwargs)
+    def wrapper(*args, config_file=(), **kwargs):
+        return command(*args, config_file=list(config_file) or None, **kwargs)  # the files in order, or None
 
     return wrapper
 

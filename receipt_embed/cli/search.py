@@ -189,7 +189,7 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
         from receipt_embed.staging import clean_temporaries
 
         with write_lock(out_file):  # one writer; SIGTERM removes the partial file and says so
-            clean_temporaries(out_file, log=lambda message: click.echo(f"Warning: {message}", err=True))
+            clean_temporaries(out_file, log=lambda message: click.echo(printable(f"Warning: {message}"), err=True))
             with atomic_open(out_file, "w") as handle:
                 write(handle)
     labelled = f": {counts['true']} same receipt, {counts['false']} different receipts" + (
@@ -197,6 +197,6 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
     )
     where = "" if out_file == "-" else f" -> {out_file}"
     click.echo(
-        f"{len(a)} pairs with similarity >= {threshold} among {index_dir.count} items{labelled}{where}",
+        printable(f"{len(a)} pairs with similarity >= {threshold} among {index_dir.count} items{labelled}{where}"),
         err=out_file == "-",
     )

@@ -57,7 +57,9 @@ def main(argv: list[str]) -> int:
     except ChildFailedError as exc:
         code, line = failure_report(exc.failures, run_dir, nproc)
         if line:
-            print(line, file=sys.stderr, flush=True)
+            from receipt_embed.display import printable
+
+            print(printable(line), file=sys.stderr, flush=True)
         return code
     except SignalException as exc:  # it stopped the ranks (rank 0 saved last.pt and said so)
         return 128 + int(exc.sigval)

@@ -18,7 +18,7 @@ from receipt_embed.cli.options import (
     resolve_config,
 )
 from receipt_embed.config import config_with
-from receipt_embed.display import printable, quoted, shortened
+from receipt_embed.display import printable, printable_lines, quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.orphans import PARENT_PID_ENV, stop_with_parent
 
@@ -50,7 +50,7 @@ def settle_interrupted(out_dir) -> None:
 
     if leftovers_of(out_dir):
         with write_lock(out_dir):
-            settle_leftovers(out_dir, log=lambda message: click.echo(f"Warning: {message}", err=True))
+            settle_leftovers(out_dir, log=lambda message: click.echo(printable(f"Warning: {message}"), err=True))
 
 
 def plugins_to_load(app, configured: str | None) -> str | None:
@@ -133,7 +133,13 @@ def train(ctx, data_dir, out_dir, resume, sweeps, quiet, nproc, force, config_fi
             "a sweep trains once per value of one key: give one --sweep"
         )
     sweep = sweeps[0] if sweeps else None
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    from receipt_embed.distributed import env_context, rendezvous_timeout
+
+    try:  # a bad or stray torch.distributed variable is one line naming it, before anything starts
+        world = env_context().world_size
+        rendezvous_timeout()
+    except BadInput as exc:
+        raise InputError(str(exc)) from None
     if world > 1 and os.environ.get(PARENT_PID_ENV, "").isdigit():  # a rank of train --nproc: stop with torchrun
         stop_with_parent(int(os.environ[PARENT_PID_ENV]))
     data_dir = _data_dir_of(out_dir, data_dir, resume, sweep)
@@ -264,7 +270,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     if nproc > 1 and world == 1:
         _launch(config, data_dir, out, resume, nproc, force)
     progress = not quiet and sys.stderr.isatty()
-    log = lambda message: click.echo(message, err=True)  # noqa: E731
+    log = lambda message: click.echo(printable(message), err=True)  # noqa: E731  (paths: no terminal escapes)
 
     try:
         from receipt_embed.training.rundir import check_run_out, refuse_dataset_inside
@@ -278,8 +284,8 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
             from receipt_embed.training.sweep import format_sweep, run_sweep
 
             summary = run_sweep(sweep, config, data, out, registry, progress=progress, log=log, force=force)
-            click.echo(format_sweep(summary))
-            click.echo(f"Wrote {out / 'sweep.json'}; losses at different values are not compared")
+            click.echo(printable_lines(format_sweep(summary)))
+            click.echo(printable(f"Wrote {out / 'sweep.json'}; losses at different values are not compared"))
             return
         result = run_training(config, data, out, registry, resume=resume, progress=progress, log=log, force=force)
     except (ComponentError, CheckpointError, ConfigError, FileNotFoundError, BadInput) as exc:
@@ -290,7 +296,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
         raise click.ClickException(str(exc)) from None
     except TrainingInterrupted as exc:
         if int(os.environ.get("RANK", "0")) == 0:
-            click.echo(str(exc), err=True)
+            click.echo(printable(str(exc)), err=True)
         raise SystemExit(exc.code) from None
     except Exception as exc:
         _raise_if_a_peer_is_gone(exc, out, world)
@@ -310,4 +316,4 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
         if result.best_epoch
         else "no val split"
     )
-    click.echo(f"Trained {out}: {best}; checkpoints in {out / 'checkpoints'}")
+    click.echo(printable(f"Trained {out}: {best}; checkpoints in {out / 'checkpoints'}"))

@@ -15,7 +15,7 @@ from receipt_embed.display import quoted, shortened
 from receipt_embed.fileio import atomic_write_json
 from receipt_embed.training.resume import open_run
 from receipt_embed.training.rundir import check_run_out
-from receipt_embed.training.trainer import train
+from receipt_embed.training.trainer import TrainingInterrupted, train
 
 SWEEP_FILE = "sweep.json"
 
@@ -89,7 +89,10 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     for value, config in zip(values, configs):
         run_dir = out_dir / run_name(key, value)
         log(f"sweep {key}={value} -> {run_dir}")
-        result = train(config, data_dir, run_dir, registry, progress=progress, log=log, force=force)
+        try:
+            result = train(config, data_dir, run_dir, registry, progress=progress, log=log, force=force)
+        except TrainingInterrupted as exc:
+            raise _sweep_stopped(exc, out_dir, run_dir, [run["value"] for run in runs]) from None
         runs.append(
             {
                 "value": value,
@@ -110,6 +113,23 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     }
     atomic_write_json(out_dir / SWEEP_FILE, summary)
     return summary
+
+
+def _sweep_stopped(exc: TrainingInterrupted, out_dir: Path, run_dir: Path, done: list[str]) -> TrainingInterrupted:
+    """The stop of a sweep, with advice that works: ``train --sweep`` refuses ``--resume`` (so the
+    trainer's "continue with --resume" does not apply), but the interrupted value's run dir resumes
+    on its own, and the sweep reruns with ``--force``."""
+    import shlex
+
+    finished = f"values done: {', '.join(done)}; " if done else ""
+    stopped = TrainingInterrupted(
+        f"{str(exc).removesuffix('; continue with --resume')}; the sweep stopped there ({finished}no "
+        f"{out_dir / SWEEP_FILE} written; --sweep cannot --resume): finish this value with "
+        f"`receipt-embed train --out {shlex.quote(str(run_dir))} --resume`, or sweep every value anew by "
+        "running the same `train --sweep` with --force"
+    )
+    stopped.code = exc.code
+    return stopped
 
 
 def _swept(config, key: str, value: str):

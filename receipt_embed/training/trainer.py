@@ -330,13 +330,13 @@ def train(
     """Train (or resume) a run; see :class:`Trainer`. The run dir's writer lock is held for the
     whole run (by rank 0 only under torchrun); ``force`` replaces an existing run, keeping it
     until the new run's first checkpoint."""
-    import os
 
+    from receipt_embed.distributed import env_context
     from receipt_embed.locking import write_lock
     from receipt_embed.training.replacement import settle_leftovers
     from receipt_embed.training.rundir import refuse_other_kinds
 
-    main = int(os.environ.get("RANK", "0")) == 0
+    main = env_context().is_main
     with write_lock(run_dir) if main else nullcontext():
         if main:
             refuse_other_kinds(run_dir, data_dir)

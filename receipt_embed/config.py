@@ -189,8 +189,18 @@ class TrainConfig(_Section):
 
 
 class PluginsConfig(_Section):
-    dir: str | None
+    dir: str | None  # null: ./plugins on the command line, no folder for library calls
     strict: Bool
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_named(cls, value):
+        if value == "":  # a path of "" is the current directory: every *.py there would be imported
+            raise BadInput(
+                "an empty folder name, which reads as the current directory; name the plugins folder, or leave "
+                "plugins.dir out (null) for ./plugins"
+            )
+        return value
 
 
 class Config(_Section):

@@ -199,6 +199,23 @@ def refuse_current_dir(out: str | os.PathLike) -> None:
         )
 
 
+def refuse_current_dir_in(out: str | os.PathLike, parts, replaces: str) -> None:
+    """Refuse an ``out`` whose ``parts`` (folders in it that the command removes or replaces while
+    ``out`` itself stays) hold the current directory, as :func:`refuse_current_dir` does for a dir
+    replaced whole; ``replaces`` says who replaces them (``--force replaces``)."""
+    try:
+        here = Path(os.getcwd()).resolve()
+        targets = [(part, Path(part).resolve()) for part in parts]
+    except (OSError, RuntimeError):  # the current directory is gone already, or a link loop (refused later)
+        return
+    for part, target in targets:
+        if here.is_relative_to(target):
+            raise BadInput(
+                f"--out {out} holds the current directory ({here}), and {replaces} {part} whole: give a path to "
+                "another output dir, or cd out of it first"
+            )
+
+
 def check_replaceable(out: str | os.PathLike, kind: str, force: bool) -> None:
     """Refuse to write ``kind`` into ``out`` unless it is absent, empty, or ours of that kind with ``force``,
     never inside another dir that is replaced whole, and never the current directory."""
@@ -237,4 +254,12 @@ def refuse_own_input(out: str | os.PathLike, inputs: dict[str, str | os.PathLike
             )
 
 
-__all__ = ["MARKERS", "check_replaceable", "dir_kind", "refuse_current_dir", "refuse_nested", "refuse_own_input"]
+__all__ = [
+    "MARKERS",
+    "check_replaceable",
+    "dir_kind",
+    "refuse_current_dir",
+    "refuse_current_dir_in",
+    "refuse_nested",
+    "refuse_own_input",
+]

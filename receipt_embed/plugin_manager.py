@@ -16,6 +16,7 @@ from pathlib import Path
 import pluggy
 
 from receipt_embed.display import quoted
+from receipt_embed.errors import BadInput
 from receipt_embed.plugin_loader import (  # noqa: F401  (re-exported: the names plugin authors and tests use)
     BUILTIN_PLUGINS,
     DEFAULT_PLUGINS_DIR,
@@ -79,7 +80,12 @@ def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> 
 
 
 def resolve_plugins_dir(plugins_dir: str | os.PathLike | None) -> Path:
-    """The folder the CLI loads: the one named, else ``./plugins``."""
+    """The folder the CLI loads: the one named, else ``./plugins``. An empty name is refused: as a
+    path it is the current directory, and every ``*.py`` there would be imported."""
+    if plugins_dir is not None and not os.fspath(plugins_dir):
+        raise BadInput(
+            "plugins_dir is empty, which reads as the current directory; name the plugins folder, or pass None"
+        )
     folder = Path(plugins_dir if plugins_dir is not None else DEFAULT_PLUGINS_DIR)
     try:
         return folder.resolve()

@@ -121,10 +121,203 @@ def test_a_demo_stopped_after_some_steps_says_which_parts_are_new(tmp_path, monk
         demo._run_demo(None, None, tmp_path / "out", tmp_path, quiet=True)
     assert info.value.reported
     assert capsys.readouterr().err == (
-        f"stopped by SIGTERM: the demo in {tmp_path / 'out'} replaced dataset, run; index, audit are the previous "
-        f"run's: run it again with `receipt-embed demo --out {tmp_path / 'out'} --force`\n"
+        f"stopped by SIGTERM: the demo in {tmp_path / 'out'} replaced dataset, run; index, audit were not "
+        f"made: run it again with `receipt-embed demo --out {tmp_path / 'out'} --force`\n"
     )
     monkeypatch.setattr(demo, "_ingest_step", stopped)  # before any step ended: the lock's own line says it
     with pytest.raises(StoppedBySignal) as info:
         demo._run_demo(None, None, tmp_path / "out", tmp_path, quiet=True)
     assert not info.value.reported and capsys.readouterr().err == ""
+
+
+def _old_demo_parts(out: Path) -> None:
+    """An index and an audit report of a previous demo (their marker files only)."""
+    (out / "index").mkdir(parents=True)
+    (out / "index" / "index.json").write_text('{"old": true}')
+    (out / "audit").mkdir()
+    (out / "audit" / "audit.json").write_text('{"old": true}')
+    (out / "heldout_retrieval.json").write_text('{"old": true}')
+
+
+def test_a_full_disk_at_the_audit_leaves_no_old_audit_beside_the_new_run(tmp_path, monkeypatch):
+    """Attack round 17 G4: ENOSPC at the audit step of `demo --force` left the new dataset, run and
+    index beside the previous audit, and said nothing of it. The old index and audit describe the
+    replaced run, so they are removed once the new run is trained, and the error says what OUT holds."""
+    import errno
+
+    from receipt_embed.cli import demo
+    from receipt_embed.cli.app import InputError
+
+    out = tmp_path / "out"
+    _old_demo_parts(out)
+
+    def new_index(*args):
+        assert not (out / "index").exists() and not (out / "audit").exists()  # gone before the new index
+        (out / "index").mkdir()
+        (out / "index" / "index.json").write_text('{"new": true}')
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_train_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_index_step", new_index)
+    monkeypatch.setattr(demo, "_audit_step", disk_full)
+    with pytest.raises(InputError) as info:
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    assert info.value.format_message() == (
+        f"No space left on device; the demo in {out} replaced dataset, run, index; removed the previous audit "
+        f"(built from the replaced run): run it again with `receipt-embed demo --out {out} --force`"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["heldout_retrieval.json", "index"]
+    assert (out / "index" / "index.json").read_text() == '{"new": true}'
+
+
+def test_a_demo_failing_in_its_index_step_says_the_old_index_and_audit_were_removed(tmp_path, monkeypatch):
+    """Attack round 17 G4: an index step that failed (a full disk, a second writer) left the previous
+    index and audit beside the new run; the one-line error now says they were removed."""
+    from receipt_embed.cli import demo
+    from receipt_embed.cli.app import InputError
+    from receipt_embed.errors import BadInput
+
+    out = tmp_path / "out"
+    _old_demo_parts(out)
+
+    def refused(*args):
+        raise BadInput("disk full writing index.faiss")
+
+    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_train_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_index_step", refused)
+    with pytest.raises(InputError) as info:
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    assert info.value.format_message() == (
+        f"disk full writing index.faiss; the demo in {out} replaced dataset, run; removed the previous index and "
+        f"audit (built from the replaced run): run it again with `receipt-embed demo --out {out} --force`"
+    )
+    assert not (out / "index").exists() and not (out / "audit").exists()
+
+
+def test_a_demo_failing_in_training_after_a_checkpoint_removes_what_was_built_from_the_old_run(tmp_path, monkeypatch):
+    """Attack round 17 G4: training that failed after its first checkpoint (the old run is then
+    discarded) left the previous index, audit and held-out figures beside a new, unfinished run;
+    before a checkpoint the old run is kept, and the error says the index and audit are its own."""
+    from receipt_embed.cli import demo
+    from receipt_embed.cli.app import InputError
+    from receipt_embed.errors import BadInput
+
+    out = tmp_path / "out"
+    _old_demo_parts(out)
+
+    def fails_before_a_checkpoint(*args):
+        raise BadInput("No space left on device")
+
+    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_train_step", fails_before_a_checkpoint)
+    with pytest.raises(InputError) as info:
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    assert info.value.format_message() == (
+        f"No space left on device; the demo in {out} replaced dataset; index, audit are the previous run's; run was "
+        f"not made: run it again with `receipt-embed demo --out {out} --force`"
+    )
+    assert (out / "index" / "index.json").read_text() == '{"old": true}'
+
+    def fails_after_a_checkpoint(*args):
+        (out / "run" / "checkpoints").mkdir(parents=True)
+        (out / "run" / "checkpoints" / "last.pt").write_bytes(b"new")
+        raise BadInput("No space left on device")
+
+    monkeypatch.setattr(demo, "_train_step", fails_after_a_checkpoint)
+    with pytest.raises(InputError) as info:
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    assert info.value.format_message() == (
+        f"No space left on device; the demo in {out} replaced dataset, run (the new one, unfinished); removed the "
+        f"previous index and audit (built from the replaced run): run it again with `receipt-embed demo --out {out} "
+        "--force`"
+    )
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["run"]
+
+
+@pytest.mark.parametrize("part", ["index", "audit", "dataset", "run/checkpoints"])
+def test_demo_refuses_a_current_directory_inside_a_part_it_replaces(tmp_path, part):
+    """Attack round 17 G4/G11: `demo --out OUT --force` run from inside OUT/audit (or OUT/index, ...)
+    replaced the dataset and run, then was refused at the step that replaces the shell's directory,
+    leaving OUT mixed (or deleted the directory under the shell). It is refused before any step."""
+    import os
+    import shutil
+
+    out = tmp_path / "out"
+    here = out / part
+    here.mkdir(parents=True)
+    if part == "run/checkpoints":
+        (here / "last.pt").write_bytes(b"old")
+    samples = tmp_path / "samples"
+    shutil.copytree(REPO / "data_samples", samples)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    result = run_cli("demo", "--out", out, "--samples", samples, "--force", "-q", cwd=here, timeout=120)
+    assert (result.returncode, result.stdout) == (2, ""), result
+    assert result.stderr == (
+        f"Error: --out {out} holds the current directory ({os.path.realpath(here)}), and the demo replaces "
+        f"{here} whole: give a path to another output dir, or cd out of it first\n"
+    )
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if not p.name.endswith(".lock")) == before
+
+
+FILLER_PLUGIN = """
+import os
+
+from receipt_embed.hookspecs import hookimpl
+
+
+def make_check(**params):
+    def check(context):  # fills the small file system OUT is on, so the audit's own writes meet ENOSPC
+        target = os.environ.get("FILL_DISK")
+        if not target or not os.path.ismount(os.path.dirname(target)):  # never any other disk
+            return {"figures": {}, "summary": "disk left as it is", "flagged": False, "plot": None}
+        with open(target, "wb") as handle:
+            try:
+                while True:
+                    handle.write(bytes(1 << 16))
+            except OSError:
+                pass
+        return {"figures": {}, "summary": "disk filled", "flagged": False, "plot": None}
+
+    return check
+
+
+@hookimpl
+def register_audit_checks(register):
+    register("filler", make_check, description="fills the disk")
+"""
+
+
+def test_demo_force_meeting_a_full_disk_at_the_audit_says_what_out_holds(tmp_path):
+    """Attack round 17 G4, end to end: `demo --force` on a small file system that fills up during the
+    audit left the new dataset, run and index beside the previous audit; now the old audit is gone
+    and the error names the new parts and the removed one."""
+    import subprocess
+
+    from conftest import TINY_TRAINING
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=60m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root (CAP_SYS_ADMIN)")
+    try:
+        (tmp_path / "plugins").mkdir()
+        (tmp_path / "plugins" / "filler.py").write_text(FILLER_PLUGIN)
+        out = disk / "out"
+        sets = [arg for setting in TINY_TRAINING for arg in ("--set", setting)]
+        args = ("demo", "--out", out, "--samples", REPO / "data_samples", "-q", *sets)
+        first = run_cli(*args, cwd=tmp_path, timeout=300)
+        assert first.returncode == 0, first.stderr
+        result = run_cli(*args, "--force", cwd=tmp_path, env={"FILL_DISK": str(disk / "filler")}, timeout=300)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"Error: no space left on device writing {out / 'audit'}"), result.stderr
+        assert result.stderr.endswith(
+            f"; the demo in {out} replaced dataset, run, index; removed the previous audit (built from the replaced "
+            f"run): run it again with `receipt-embed demo --out {out} --force`\n"
+        )
+        assert sorted(p.name for p in out.iterdir()) == ["dataset", "heldout_retrieval.json", "index", "run"]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -594,6 +594,39 @@ def test_ingest_into_a_run_dir_is_refused_and_the_run_is_untouched(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]
 
 
+def test_train_force_refuses_a_current_directory_inside_the_run_it_replaces(tmp_path, monkeypatch):
+    """Attack round 17 G11: `cd RUN/checkpoints && receipt-embed train --out .. --force` moved the old
+    run's files aside and deleted them, leaving the shell in a deleted directory. It is refused in
+    one line, like the other commands' --out holding the current directory, and the run is untouched."""
+    import os
+
+    from conftest import TINY_TRAINING, train_tiny
+
+    from receipt_embed.errors import BadInput
+    from receipt_embed.training.resume import open_run
+
+    dataset, _ = train_tiny(tmp_path)
+    run = tmp_path / "run"
+    (run / "plots").mkdir()  # a plugin's folder in the run dir goes with the old run too
+    before = tree_digest(run)
+    sets = [arg for setting in TINY_TRAINING for arg in ("--set", setting)]
+    for here in (run / "checkpoints", run / "plots"):
+        result = run_cli("train", "--data", dataset, "--out", "..", "--force", "-q", *sets, cwd=here)
+        assert (result.returncode, result.stdout) == (2, ""), result
+        assert result.stderr == (
+            f"Error: --out .. holds the current directory ({os.path.realpath(here)}), and --force replaces "
+            f"../{here.name} whole: give a path to another output dir, or cd out of it first\n"
+        )
+        assert tree_digest(run) == before and not list(tmp_path.glob(".run.old-*"))
+    monkeypatch.chdir(run / "checkpoints")  # the library (and each run of a sweep) refuses it too
+    with pytest.raises(BadInput, match="holds the current directory"):
+        open_run(run, resume=False, force=True, world_size=1)
+    monkeypatch.chdir(run)  # the run dir itself stays: training from there is fine
+    assert open_run(run, resume=False, force=True, world_size=1) is None
+    monkeypatch.chdir(run / "checkpoints")
+    assert open_run(run, resume=True, force=False, world_size=1) is not None  # --resume replaces nothing
+
+
 def test_an_out_that_is_or_holds_the_current_directory_is_refused(cli, tmp_path, monkeypatch):
     """Attack round 16 (F5): `--out .` (or an --out above the current directory) was swapped whole like
     any output dir, so the command wrote its output there and left the user's shell in a deleted

@@ -438,6 +438,49 @@ def test_plugins_dir_from_config(cli, tmp_path):
     assert "cfg_plugin" in {p["name"] for p in json.loads(result.stdout)["plugins"]}
 
 
+EMPTY_PLUGINS_DIR = (
+    "Error: config key 'plugins.dir'{source}: an empty folder name, which reads as the current directory; "
+    "name the plugins folder, or leave plugins.dir out (null) for ./plugins\n"
+)
+
+
+def test_empty_plugins_dir_in_config_is_refused(cli, tmp_path):
+    """Attack round 17 G3: plugins.dir set to "" (a --set or a config file) imported every *.py in the
+    current directory, since an empty path resolves to "."; it is refused naming the key, nothing imported."""
+    _write(tmp_path, "stray.py", "open('imported', 'w').close()\n")
+    (tmp_path / "empty.yaml").write_text('plugins:\n  dir: ""\n')
+    for args, source in (
+        (["--set", 'plugins.dir=""'], ""),
+        (["--set", "plugins.dir=''"], ""),
+        (["--config", "empty.yaml"], " (from config file empty.yaml)"),
+    ):
+        result = cli("plugins", *args, cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (2, ""), result
+        assert result.stderr == EMPTY_PLUGINS_DIR.format(source=source)
+    assert not (tmp_path / "imported").exists()
+
+
+def test_empty_plugins_dir_in_library_calls_is_refused(tmp_path, monkeypatch):
+    """Attack round 17 G3: get_registry(plugins_dir="") (and create_loss's) imported the current
+    directory's *.py files; an empty name is refused, None still means no folder."""
+    import receipt_embed
+    from receipt_embed.errors import BadInput
+
+    _write(tmp_path, "stray.py", "open('imported', 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    message = "plugins_dir is empty, which reads as the current directory; name the plugins folder, or pass None"
+    for call in (
+        lambda: plugin_manager.get_registry(plugins_dir=""),
+        lambda: plugin_manager.get_plugin_manager(plugins_dir=b""),
+        lambda: receipt_embed.create_loss("ntxent", plugins_dir=""),
+    ):
+        with pytest.raises(BadInput) as raised:
+            call()
+        assert str(raised.value) == message
+    assert "stray" not in plugin_manager.get_registry(plugins_dir=None).plugins
+    assert not (tmp_path / "imported").exists()
+
+
 def test_discovery_happens_once_per_process(tmp_path, monkeypatch):
     """Every command asks for the registry; plugins are discovered the first time only, and
     the plugin manager the hooks are called through is the one that discovery built."""

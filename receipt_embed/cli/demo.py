@@ -20,6 +20,7 @@ from receipt_embed.cli.options import (
 from receipt_embed.display import printable, printable_lines
 from receipt_embed.errors import BadInput
 from receipt_embed.stops import StoppedBySignal
+from receipt_embed.training.rundir import LAST_CHECKPOINT
 
 
 def find_samples() -> Path | None:
@@ -75,7 +76,8 @@ def meta_first_path(index_dir: Path) -> str:
 @click.option(
     "--force",
     is_flag=True,
-    help="Replace a demo run already in OUT (each part is kept until its new copy is complete).",
+    help="Replace a demo run already in OUT (the dataset and run are kept until their new copies are complete; "
+    "the old index and audit, built from the old run, are removed once the new run has replaced the old one).",
 )
 @config_options
 @click.pass_context
@@ -85,7 +87,7 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
     Settings: configs/default.yaml, then configs/demo.yaml, then --config and --set."""
     from receipt_embed.config import DEMO_CONFIG
     from receipt_embed.locking import write_lock
-    from receipt_embed.outdir import refuse_nested
+    from receipt_embed.outdir import refuse_current_dir_in, refuse_nested
 
     config = resolve_config([str(DEMO_CONFIG), *(config_file or [])], overrides)
     registry = load_registry(ctx, config)
@@ -99,6 +101,7 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
                 raise InputError(
                     f"{out} already holds a demo run; pass --force to replace it, remove it or pass another --out"
                 )
+            refuse_current_dir_in(out, replaced_parts(out, samples), "the demo replaces")
             _run_demo(config, registry, out, samples, quiet)
     except (OSError, BadInput) as exc:  # a second writer, a full disk, a part of OUT that is not ours
         raise InputError(str(exc)) from None
@@ -152,6 +155,52 @@ def check_demo_out(out: Path, samples) -> None:
             )
 
 
+def replaced_parts(out: Path, samples) -> list[Path]:
+    """The folders of OUT the demo removes or replaces (OUT itself and OUT/run stay): refused up
+    front when they hold the shell's current directory, not after some parts are already new."""
+    from receipt_embed.training.replacement import run_entries
+
+    parts = [out / "dataset", *(out / "run" / name for name in run_entries(out / "run")), out / "index", out / "audit"]
+    return parts + ([out / "samples"] if samples is None and find_samples() is None else [])
+
+
+DEMO_STEPS = ("dataset", "run", "index", "audit")
+BUILT_FROM_RUN = ("index", "audit")  # the old ones describe a run that is gone once the new one is trained
+
+
+def _remove_stale(out: Path, names, quietly: bool = False) -> list[str]:
+    """Remove the old copies of ``names`` once the new run replaced the one they were built from: a
+    dir under its own writer lock, renamed aside first (a kill leaves a copy the next writer cleans
+    up). ``quietly``: on the way out of a failed step, where the step's own error is the one to tell."""
+    import os
+    import shutil
+
+    from receipt_embed.locking import write_lock
+    from receipt_embed.outdir import check_replaceable
+
+    removed = []
+    for name in names:
+        part = out / name
+        if not part.exists():
+            continue
+        try:
+            if name.endswith(".json"):
+                part.unlink()
+            else:
+                with write_lock(part):
+                    check_replaceable(part, name, force=True)
+                    aside = out / f".{name}.old-{os.getpid()}"
+                    os.rename(part, aside)
+                    shutil.rmtree(aside, ignore_errors=True)
+        except (OSError, BadInput):
+            if not quietly:
+                raise
+            continue
+        if not name.endswith(".json"):
+            removed.append(name)
+    return removed
+
+
 def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
     """The four steps; each part of OUT is ours (the demo's own check came first), so each replaces its old copy."""
     progress = not quiet and sys.stderr.isatty()
@@ -170,30 +219,63 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
         ("audit", lambda: _audit_step(registry, out)),
     )
     done: list[str] = []
+    removed: list[str] = []
     for part, step in steps:
+        before = _checkpoint_of(out)
         try:
+            if part == "index":  # the run is the new one now
+                removed = _remove_stale(out, BUILT_FROM_RUN)
             step()
-        except StoppedBySignal as stop:  # between or inside steps: say which parts of OUT are new
-            _say_stopped(stop, out, done)
+        except BaseException as exc:
+            unfinished = part == "run" and _checkpoint_of(out) != before  # the old run is gone, the new one not done
+            if unfinished:
+                removed = _remove_stale(out, (*BUILT_FROM_RUN, "heldout_retrieval.json"), quietly=True)
+            if isinstance(exc, StoppedBySignal):  # between or inside steps: say which parts of OUT are new
+                _say_stopped(exc, out, done, removed, unfinished)
+            elif isinstance(exc, (OSError, BadInput, click.ClickException)) and (done or unfinished):
+                message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+                raise InputError(f"{message}; {_state_of(out, done, removed, unfinished)}") from None
             raise
         done.append(part)
     click.echo(printable(f"Done in {time.perf_counter() - started:.0f}s; results in {out}"))
 
 
-def _say_stopped(stop, out: Path, done: list[str]) -> None:
+def _checkpoint_of(out: Path):
+    """Which ``OUT/run/checkpoints/last.pt`` is there (each save writes a new file), None for none."""
+    try:
+        found = (out / "run" / LAST_CHECKPOINT).stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_mtime_ns
+
+
+def _state_of(out: Path, done: list[str], removed: list[str], unfinished: bool = False) -> str:
+    """What OUT holds after a demo that ended between or inside its steps: the parts it replaced,
+    the old ones it removed (built from the replaced run) and those of the previous run that remain."""
+    replaced = [*done, *(["run (the new one, unfinished)"] if unfinished else [])]
+    gone = [name for name in removed if name not in done]
+    rest = [name for name in DEMO_STEPS if name not in done and name not in gone and not (unfinished and name == "run")]
+    said = [f"the demo in {out} replaced {', '.join(replaced)}"]
+    if gone:
+        said.append(f"removed the previous {' and '.join(gone)} (built from the replaced run)")
+    old = [name for name in rest if (out / name).exists()]
+    if old:
+        said.append(f"{', '.join(old)} {'is' if len(old) == 1 else 'are'} the previous run's")
+    missing = [name for name in rest if name not in old]
+    if missing:
+        said.append(f"{', '.join(missing)} {'was' if len(missing) == 1 else 'were'} not made")
+    return f"{'; '.join(said)}: run it again with `receipt-embed demo --out {out} --force`"
+
+
+def _say_stopped(stop, out: Path, done: list[str], removed: list[str], unfinished: bool = False) -> None:
     """One line for a demo stopped by a signal: ``OUT left as it was`` is true only before its
     first step ended; after that some parts are the new run's and the others the old ones."""
     from receipt_embed.stops import signal_name
 
-    if not done:
+    if not done and not unfinished:
         return  # the lock of OUT (or of the part being written) says it in its own line
-    rest = [name for name in ("dataset", "run", "index", "audit") if name not in done]
     print(
-        printable(
-            f"stopped by {signal_name(stop)}: the demo in {out} replaced {', '.join(done)}; "
-            f"{', '.join(rest)} {'is' if len(rest) == 1 else 'are'} the previous run's: run it again with "
-            f"`receipt-embed demo --out {out} --force`"
-        ),
+        printable(f"stopped by {signal_name(stop)}: {_state_of(out, done, removed, unfinished)}"),
         file=sys.stderr,
         flush=True,
     )

@@ -105,6 +105,12 @@ def open_run(run_dir, resume: bool, force: bool, world_size: int, config_dict: d
     process count or config, and a fresh run over an existing one without ``force``."""
     last = Path(run_dir) / LAST
     if not resume:
+        if force:  # its files are moved aside and deleted: never the shell's current directory
+            from receipt_embed.outdir import refuse_current_dir_in
+            from receipt_embed.training.replacement import run_entries
+
+            parts = [Path(run_dir) / name for name in run_entries(Path(run_dir))]
+            refuse_current_dir_in(run_dir, parts, "--force replaces")
         if last.exists() and not force:
             raise CheckpointError(
                 f"{run_dir} already holds a run ({last}); pass --resume to continue it, --force to "

@@ -271,6 +271,30 @@ def test_cli_train_errors(cli, dataset, tmp_path):
     assert "unknown loss 'ntxnet'" in result.stderr and "Did you mean 'ntxent'?" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (
+            ["sampler.name=pk", "sampler.params={k: 100000000}"],
+            "Error: sampler 'pk' (from plugin 'builtin.samplers'): sampler.params.k must be at most 64 views per "
+            "identity, got 100000000",
+        ),
+        (
+            ["loss.name=moco", "loss.params={queue_size: 1000000000000}"],
+            "Error: loss 'moco' (from plugin 'builtin.losses'): loss.params.queue_size must be at most 1048576 keys, "
+            "got 1000000000000",
+        ),
+    ],
+)
+def test_a_sampler_k_or_moco_queue_beyond_memory_is_bad_input_naming_the_key(cli, dataset, tmp_path, sets, message):
+    """Attack round 17 G1: these took all the machine's memory, then advised data.image_size and
+    --batch-size; now one line naming the key, its value and the limit (exit 2), and no run dir."""
+    result = cli("train", "--data", dataset, "--out", tmp_path / "run", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "run").exists()
+
+
 def test_moco_keeps_momentum_encoder_and_queue_in_checkpoint(dataset, tmp_path):
     config = load_config(
         overrides=[

@@ -31,7 +31,7 @@ import numpy as np
 
 from receipt_embed.batch_layout import ANY
 from receipt_embed.hookspecs import hookimpl
-from receipt_embed.sampling.samplers import two_view_batch
+from receipt_embed.sampling.samplers import MAX_K, two_view_batch
 
 __version__ = "1.0"
 
@@ -80,6 +80,8 @@ class SameGroupSampler:
             raise ValueError(f"tail must be fill or drop, got {tail!r}")
         if k is not None and k < 2:
             raise ValueError(f"k must be at least 2 captures per receipt, got {k}")
+        if k is not None and k > MAX_K:  # a batch of k rows per receipt is built in memory
+            raise ValueError(f"sampler.params.k must be at most {MAX_K} captures per receipt, got {k}")
         self.k = k
         if k is not None:
             self.batch_layout = ANY  # K rows per receipt, in receipt order

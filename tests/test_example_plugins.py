@@ -215,6 +215,9 @@ def test_same_merchant_sampler_with_k_gives_k_captures_of_each_same_merchant_rec
     assert {merchant[r] for r in seen} == set(merchant.values())
     with pytest.raises(ValueError, match="k must be at least 2 captures per receipt, got 1"):
         build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"k": 1})
+    # attack round 17 G1: a k in the millions built batches until memory ran out
+    with pytest.raises(ValueError, match=r"sampler.params.k must be at most 64 captures per receipt, got 100000000$"):
+        build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"k": 100_000_000})
 
 
 def test_same_merchant_sampler_errors_name_the_row_or_receipt(registry):

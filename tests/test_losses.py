@@ -394,6 +394,20 @@ def test_supcon_and_moco_input_errors():
         MoCoLoss(queue_size=0)
 
 
+def test_a_moco_queue_too_big_for_memory_is_refused_naming_the_key():
+    """Attack round 17 G1: `loss.params={queue_size: 1000000000000}` allocated the whole queue (4 TB
+    at dim 128) and ended in an out-of-memory error that advised other keys."""
+    with pytest.raises(ValueError, match=r"^loss.params.queue_size must be at most 1048576 keys, got 1000000000000$"):
+        MoCoLoss(queue_size=10**12)
+    with pytest.raises(
+        ValueError,
+        match=r"^loss.params.queue_size x loss.params.dim must be at most 268435456 floats \(a 1 GiB queue\), "
+        r"got 1048576 x 512; lower loss.params.queue_size$",
+    ):
+        MoCoLoss(queue_size=1_048_576, dim=512, queue_init="empty")
+    assert MoCoLoss(queue_size=1_048_576, dim=2, queue_init="empty").queue_size == 1_048_576
+
+
 @pytest.mark.parametrize(
     "factory,message",
     [

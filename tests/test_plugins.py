@@ -788,6 +788,28 @@ class FalseTwoView(OutOfRange):
     def __iter__(self):
         return iter([list(range(8))])  # captures 0..7: not [first views; second views]
 
+class Endless(OutOfRange):
+    def __len__(self):
+        return 2
+    def __iter__(self):
+        while True:  # never ends: the epoch stopped only at its len()
+            yield [0, 1]
+
+class Empty(OutOfRange):
+    def __iter__(self):
+        return iter([])
+
+class EmptyLater(OutOfRange):
+    epoch = 0
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+    def __iter__(self):
+        return iter([[0, 1]] if self.epoch == 0 else [])
+
+class HugeLength(Endless):
+    def __len__(self):
+        return 10 ** 12
+
 class Width(torch.nn.Module):
     def __init__(self, width):
         super().__init__()
@@ -821,6 +843,10 @@ def register_samplers(register):
     register("sideways", lambda identities, batch_size, seed: Sideways(identities, batch_size))
     register("raising", lambda identities, batch_size, seed: Raising(identities, batch_size))
     register("false_two_view", lambda identities, batch_size, seed: FalseTwoView(identities, batch_size))
+    register("endless", lambda identities, batch_size, seed: Endless(identities, batch_size))
+    register("empty", lambda identities, batch_size, seed: Empty(identities, batch_size))
+    register("empty_later", lambda identities, batch_size, seed: EmptyLater(identities, batch_size))
+    register("huge_length", lambda identities, batch_size, seed: HugeLength(identities, batch_size))
 """
 
 
@@ -885,6 +911,25 @@ def register_samplers(register):
             r"sampler 'false_two_view' \(from plugin 'broken_components'\) declares batch_layout 'two_view', "
             r"\[first views of B distinct identities; .*\], but batch 1 of epoch 1 is not: row 0 and row 4 are",
         ),
+        (  # attack round 17 G5: a sampler that never stops hung the epoch
+            "sampler.name=endless",
+            r"^sampler 'endless' \(from plugin 'broken_components'\) yielded more than 2 batches in one epoch "
+            r"\(epoch 1\), the 2 its len\(\) declares; a sampler's epoch must end after len\(sampler\) batches$",
+        ),
+        (  # attack round 17 G5: ... and so did one whose len() is as good as endless
+            "sampler.name=huge_length",
+            r"^sampler 'huge_length' \(from plugin 'broken_components'\) declares 1000000000000 batches an epoch "
+            r"\(its len\(\)\), more than 14400: 100 for each of the 144 training captures$",
+        ),
+        (  # attack round 17 G10: a sampler that yields nothing "trained"
+            "sampler.name=empty",
+            r"^sampler 'empty' \(from plugin 'broken_components'\) yielded no batch in epoch 1 \(its len\(\) is 1\); "
+            r"a sampler must yield at least one batch an epoch$",
+        ),
+        (
+            "sampler.name=empty_later & train.epochs=2",
+            r"^sampler 'empty_later' \(from plugin 'broken_components'\) yielded no batch in epoch 2",
+        ),
         (
             "loss.name=moco & sampler.name=pk",
             r"loss 'moco' needs two-view batches, and sampler 'pk' declares batch_layout 'any'; "
@@ -916,6 +961,24 @@ def test_train_names_a_component_that_breaks_its_contract(tmp_path, setting, mes
             progress=False,
             log=lambda m: None,
         )
+
+
+def test_a_sampler_that_yields_no_batch_fails_train_without_a_run_dir(cli, tmp_path):
+    """Attack round 17 G10: a sampler that yielded nothing printed "Trained" and exited 0, with a run
+    dir of no training; now it is bad input naming the sampler (exit 2) before the run dir is made."""
+    from conftest import TINY_TRAINING
+
+    _write(tmp_path / "plugins", "broken_components.py", BROKEN_COMPONENTS)
+    ingest = cli("ingest", REPO / "data_samples", "--out", tmp_path / "ds")
+    assert ingest.returncode == 0, ingest.stderr
+    sets = [a for key in [*TINY_TRAINING, "sampler.name=empty"] for a in ("--set", key)]
+    result = cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "run", *sets, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "Error: sampler 'empty' (from plugin 'broken_components') yielded no batch in epoch 1 (its len() is 1); "
+        "a sampler must yield at least one batch an epoch"
+    ]
+    assert "Trained" not in result.stdout and not (tmp_path / "run").exists()
 
 
 def test_encoder_params_come_from_model_params(tmp_path):

@@ -83,3 +83,19 @@ def test_registered_as_plugins():
     assert {"unique_identity", "pk"} <= set(registry.names("sampler"))
     sampler = registry.create("sampler", "pk", identities=LABELS, batch_size=2, seed=0, k=2)
     assert isinstance(sampler, PKSampler) and all(len(b) == 4 for b in sampler)
+
+
+def test_a_k_in_the_millions_is_refused_before_any_batch_is_built():
+    """Attack round 17 G1: `sampler.params={k: 100000000}` built batches of 10^8 rows per receipt
+    until the machine ran out of memory; k is at most MAX_K, and the error names the key."""
+    from receipt_embed.sampling import build_sampler
+    from receipt_embed.sampling.samplers import MAX_K
+
+    registry = builtin_registry()
+    assert len(next(iter(PKSampler(LABELS, 2, 0, k=MAX_K)))) == 2 * MAX_K
+    with pytest.raises(ValueError) as info:
+        build_sampler(registry, "pk", LABELS, [{} for _ in LABELS], 4, 0, {"k": 100_000_000})
+    assert str(info.value) == (
+        "sampler 'pk' (from plugin 'builtin.samplers'): sampler.params.k must be at most 64 views per identity, "
+        "got 100000000"
+    )

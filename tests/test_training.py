@@ -272,6 +272,30 @@ def test_cli_train_errors(cli, dataset, tmp_path):
     assert "unknown loss 'ntxnet'" in result.stderr and "Did you mean 'ntxent'?" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (
+            ["sampler.name=pk", "sampler.params={k: 100000000}"],
+            "Error: sampler 'pk' (from plugin 'builtin.samplers'): sampler.params.k must be at most 64 views per "
+            "identity, got 100000000",
+        ),
+        (
+            ["loss.name=moco", "loss.params={queue_size: 1000000000000}"],
+            "Error: loss 'moco' (from plugin 'builtin.losses'): loss.params.queue_size must be at most 1048576 keys, "
+            "got 1000000000000",
+        ),
+    ],
+)
+def test_a_sampler_k_or_moco_queue_beyond_memory_is_bad_input_naming_the_key(cli, dataset, tmp_path, sets, message):
+    """Attack round 17 G1: these took all the machine's memory, then advised data.image_size and
+    --batch-size; now one line naming the key, its value and the limit (exit 2), and no run dir."""
+    result = cli("train", "--data", dataset, "--out", tmp_path / "run", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "run").exists()
+
+
 def test_moco_keeps_momentum_encoder_and_queue_in_checkpoint(dataset, tmp_path):
     config = load_config(
         overrides=[
@@ -753,3 +777,79 @@ def test_a_stopped_sweep_advises_what_works(dataset, tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr
     assert [line["epoch"] for line in _metrics(first)] == [1, 2, 3, 4]
+
+
+NAN_ENCODER = """
+import torch
+from receipt_embed.hookspecs import hookimpl
+
+
+class NanFrom(torch.nn.Module):
+    \"\"\"Finite weights, NaN features from its nan_from-th training forward on.\"\"\"
+
+    def __init__(self, in_channels, nan_from):
+        super().__init__()
+        self.layer = torch.nn.Linear(in_channels, 8)
+        self.feature_dim, self.nan_from, self.forwards = 8, nan_from, 0
+
+    def forward(self, images):
+        y = self.layer(images.mean(dim=(2, 3)))
+        if self.training:
+            self.forwards += 1
+            if self.forwards >= self.nan_from:
+                y = y * float("nan")
+        return y
+
+
+@hookimpl
+def register_encoders(register):
+    register("nan_from", lambda pretrained, in_channels, pooling, grid, nan_from=1: NanFrom(in_channels, nan_from))
+"""
+
+
+def _nan_encoder_registry(tmp_path):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "nan_encoder.py").write_text(NAN_ENCODER)
+    loader = PluginLoader(strict=True)
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins", required=True)
+    loader.collect_components()
+    return loader.registry
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_encoder_giving_nan_from_finite_weights_before_any_update_is_named_not_divergence(
+    dataset, tmp_path, precision
+):
+    """Attack round 17 G12: an encoder plugin returning NaN at step 1, its weights finite and never
+    updated, was reported as "the model's weights diverged ... Try a lower train.lr"; it is the
+    encoder's fault, named with its plugin (bad input, exit 2). bf16 still reruns the step in fp32 first."""
+    from receipt_embed.errors import ComponentError
+
+    config = load_config(overrides=[*TINY, "train.epochs=1", "model.encoder=nan_from", f"train.precision={precision}"])
+    said = []
+    with pytest.raises(ComponentError) as info:
+        train(config, dataset, tmp_path / "run", _nan_encoder_registry(tmp_path), progress=False, log=said.append)
+    assert str(info.value) == (
+        "encoder 'nan_from' (from plugin 'nan_encoder') returned NaN embeddings from finite weights at epoch 1, "
+        "step 1, before any update: its forward is at fault, not the learning rate (check the encoder and its "
+        "model.params)"
+    )
+    assert any("the step ran in fp32" in m for m in said) == (precision == "bf16")
+
+
+def test_nan_embeddings_from_finite_trained_weights_name_both_causes(dataset, tmp_path):
+    """Attack round 17 G12: after updates, finite weights can have grown large enough to overflow, or
+    the encoder gives NaN itself: the stop (exit 1, as a diverged run) names both, not only the weights."""
+    config = load_config(overrides=[*TINY, "train.epochs=1", "model.encoder=nan_from", "model.params={nan_from: 3}"])
+    with pytest.raises(TrainingDiverged) as info:
+        train(config, dataset, tmp_path / "run", _nan_encoder_registry(tmp_path), progress=False, log=lambda m: None)
+    message = str(info.value)
+    assert message.startswith(
+        "the embeddings became NaN at epoch 1, step 3, before the loss, from finite weights (the largest is "
+    ), message
+    assert (
+        "the weights grew too large, or encoder 'nan_from' (from plugin 'nan_encoder') returned NaN values itself"
+        in (message)
+    )
+    assert "(the model's weights diverged)" not in message and message.endswith("Try a lower train.lr (now 0.001).")

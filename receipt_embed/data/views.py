@@ -26,6 +26,9 @@ from receipt_embed.errors import BadInput
 PIXEL_MEAN, PIXEL_STD = 0.5, 0.25
 # input pixels per embedding batch: 128 captures at up to 256 x 128; at 2048 x 2048 one at a time
 MAX_BATCH_PIXELS = 128 * 256 * 128
+# batches one epoch may have, per training capture: the built-ins give about one per B receipts,
+# so this only stops a sampler whose len() is broken (a huge epoch that never ends in practice)
+MAX_BATCHES_PER_CAPTURE = 100
 
 
 def view_seed(*parts: int) -> int:
@@ -137,8 +140,28 @@ class SeededBatches:
                 return
             yield batch
 
+    def declared_length(self) -> int:
+        """``len(sampler)``, the batches of one epoch, at most MAX_BATCHES_PER_CAPTURE a capture."""
+        with self.guard():
+            declared = len(self.sampler)
+        most = MAX_BATCHES_PER_CAPTURE * self.n_captures if self.n_captures is not None else None
+        if most is not None and declared > most:
+            raise BadInput(
+                f"{self.source} declares {declared} batches an epoch (its len()), more than {most}: "
+                f"{MAX_BATCHES_PER_CAPTURE} for each of the {self.n_captures} training captures"
+            )
+        return declared
+
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        """The epoch's batches; a sampler that yields none, or more than its len() declares (one
+        that never ends would hang the run), is stopped with an error naming it."""
+        declared, step = self.declared_length(), -1
         for step, batch in enumerate(self._sampler_batches()):
+            if step >= declared:
+                raise BadInput(
+                    f"{self.source} yielded more than {declared} batches in one epoch (epoch {self.epoch + 1}), "
+                    f"the {declared} its len() declares; a sampler's epoch must end after len(sampler) batches"
+                )
             if step < self.start_step:
                 continue
             if self.n_captures is not None:
@@ -156,6 +179,11 @@ class SeededBatches:
                         f"{step + 1} of epoch {self.epoch + 1} is not: {problem}"
                     )
             yield [(int(index), view_seed(self.seed, self.epoch, step, slot)) for slot, index in enumerate(batch)]
+        if step < 0:
+            raise BadInput(
+                f"{self.source} yielded no batch in epoch {self.epoch + 1} (its len() is {declared}); "
+                "a sampler must yield at least one batch an epoch"
+            )
 
 
 def clean_batches(

@@ -20,6 +20,10 @@ from receipt_embed.losses._common import (
 from receipt_embed.losses.engine import DEFAULT_TILE
 
 NO_IDENTITY = torch.iinfo(torch.long).min  # label of the random keys a fresh queue starts with
+# The queue is allocated whole when the loss is built: bound it, so a typo'd size is an error
+# naming the key instead of an allocation that takes the machine's memory (MoCo uses 65,536).
+MAX_QUEUE_SIZE = 1_048_576
+MAX_QUEUE_FLOATS = 1 << 28  # queue_size x dim float32 keys: 1 GiB
 
 
 class MoCoLoss(ContrastiveLoss):
@@ -61,7 +65,8 @@ class MoCoLoss(ContrastiveLoss):
 
     Args:
         temperature: 0 < ``t`` <= 100 (MoCo v2 uses 0.2). queue_size: number of stored keys
-            (e.g. 65,536; 0 disables the queue). dim: embedding size of the keys.
+            (e.g. 65,536; 0 disables the queue; at most 1,048,576, and queue_size x dim at most
+            2**28, a 1 GiB queue). dim: embedding size of the keys.
         in_batch_negatives: also use the batch's keys of other identities as negatives.
         queue_init: ``"random"`` (default, as MoCo) or ``"empty"``.
         tile_size, path: engine settings (queries x queue is streamed in blocks).
@@ -99,6 +104,13 @@ class MoCoLoss(ContrastiveLoss):
         for name, value, low in (("queue_size", queue_size, 0), ("dim", dim, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise BadInput(f"{name} must be an integer >= {low}, got {value!r}")
+        if queue_size > MAX_QUEUE_SIZE:
+            raise BadInput(f"loss.params.queue_size must be at most {MAX_QUEUE_SIZE} keys, got {queue_size}")
+        if queue_size * dim > MAX_QUEUE_FLOATS:
+            raise BadInput(
+                f"loss.params.queue_size x loss.params.dim must be at most {MAX_QUEUE_FLOATS} floats "
+                f"(a 1 GiB queue), got {queue_size} x {dim}; lower loss.params.queue_size"
+            )
         if queue_size == 0 and not in_batch_negatives:
             raise BadInput("moco needs negatives: set queue_size > 0 or in_batch_negatives=True")
         if queue_init not in ("random", "empty"):

@@ -22,6 +22,9 @@ from receipt_embed.batch_layout import ANY, TWO_VIEW
 from receipt_embed.errors import BadInput
 
 TAIL_POLICIES = ("fill", "drop")
+# views per identity in a P x K batch: a receipt has a handful of captures, and a K in the
+# millions would build batches of that many rows (memory) before anything could say so
+MAX_K = 64
 
 
 def _group(labels: Sequence[int]) -> dict[int, list[int]]:
@@ -121,6 +124,8 @@ class PKSampler(_IdentityBatches):
         super().__init__(labels, batch_size, seed, tail)
         if k < 2:
             raise BadInput(f"k must be at least 2 views per identity, got {k}")
+        if k > MAX_K:
+            raise BadInput(f"sampler.params.k must be at most {MAX_K} views per identity, got {k}")
         self.k = k
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -12,6 +12,8 @@ from contextlib import nullcontext
 import torch
 
 from receipt_embed.batch_layout import TWO_VIEW
+from receipt_embed.display import quoted
+from receipt_embed.errors import ComponentError
 from receipt_embed.losses.koleo import with_koleo
 from receipt_embed.registry import plugin_errors
 from receipt_embed.training.components import check_loss_value
@@ -37,6 +39,7 @@ class TrainingStep:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if torch.isfinite(norm):
             self.optimizer.step()
+            self.updates_applied = getattr(self, "updates_applied", 0) + 1
             self.nonfinite_in_a_row = 0
             self.scheduler.step()
         else:
@@ -108,15 +111,35 @@ class TrainingStep:
         def guarded(embeddings, labels, **kwargs):
             for name, rows in (("embeddings", embeddings), ("momentum keys", kwargs.get("keys"))):
                 if torch.is_tensor(rows) and not bool(torch.isfinite(rows.detach()).all()):
-                    kind = "NaN" if bool(torch.isnan(rows.detach()).any()) else "infinite"
-                    raise TrainingDiverged(
-                        f"the {name} became {kind} at epoch {self.epoch + 1}, step {self.step + 1}, before the "
-                        f"loss (the model's weights diverged); {self._kept()}. {self._advice(temperature=False)}"
-                    )
+                    self._non_finite_rows(name, "NaN" if bool(torch.isnan(rows.detach()).any()) else "infinite")
             with plugin_errors(self.registry, "loss", self.config.loss.name, "computing the loss"):
                 return loss_fn(embeddings, labels, **kwargs)
 
         return guarded
+
+    def _non_finite_rows(self, name: str, kind: str) -> None:
+        """NaN or infinite embeddings (or momentum keys) are the weights diverging only when the weights
+        are not finite themselves. From finite weights before any update (the images are finite too)
+        the encoder is at fault, not the learning rate; after updates, weights grown huge overflow too."""
+        where = f"epoch {self.epoch + 1}, step {self.step + 1}"
+        if not self._weights_finite():
+            raise TrainingDiverged(
+                f"the {name} became {kind} at {where}, before the loss (the model's weights diverged); "
+                f"{self._kept()}. {self._advice(temperature=False)}"
+            )
+        encoder = self.config.model.encoder
+        source = f"encoder {quoted(encoder)} (from plugin {quoted(self.registry.get('encoder', encoder).plugin)})"
+        if getattr(self, "state", None) is None and not getattr(self, "updates_applied", 0):
+            raise ComponentError(
+                f"{source} returned {kind} {name} from finite weights at {where}, before any update: its "
+                "forward is at fault, not the learning rate (check the encoder and its model.params)"
+            )
+        largest = max(float(p.detach().abs().max()) for p in self.model.parameters() if p.numel())
+        raise TrainingDiverged(
+            f"the {name} became {kind} at {where}, before the loss, from finite weights (the largest is "
+            f"{largest:.3g} in magnitude): the weights grew too large, or {source} returned {kind} values "
+            f"itself; {self._kept()}. {self._advice(temperature=False)}"
+        )
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         if torch.isfinite(loss):

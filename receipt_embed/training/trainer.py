@@ -105,9 +105,10 @@ class Trainer(TrainingStep):
         self.optimizer = torch.optim.AdamW(
             params, lr=config.train.lr, weight_decay=config.train.weight_decay, fused=True
         )
-        with self.batches.guard():  # batches depend only on (seed, epoch): looking at one changes nothing
-            self.steps_per_epoch = len(self.sampler)
-            views_per_step = len(next(iter(self.sampler), []))
+        # batches depend only on (seed, epoch): looking at one changes nothing, and a sampler that
+        # yields none is named here, before the run dir is written
+        self.steps_per_epoch = self.batches.declared_length()
+        views_per_step = len(next(iter(self.batches)))
         self.epochs = planned_epochs(config.train.epochs, self.steps_per_epoch, views_per_step)
         self.budget, self.budget_spent = TimeBudget(config.train.max_minutes), 0.0
         time_spent = (lambda: self.budget_spent) if config.train.max_minutes is not None else None

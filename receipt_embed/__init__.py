@@ -6,7 +6,13 @@ and plugin listing stay fast.
 
 from __future__ import annotations
 
+import os
+
 from receipt_embed.version import __version__
+
+# albumentations asks pypi.org for a newer release when it is imported unless this is set: a
+# network request on every command that nobody asked for (and up to 2 s offline)
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 __all__ = ["__version__", "create_loss", "get_registry"]
 

@@ -7,6 +7,9 @@ the same or a lower one, and no two modules import each other, directly or aroun
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import REPO
@@ -109,3 +112,21 @@ def test_every_top_level_name_is_documented_in_the_architecture_page():
     for members in LAYERS:
         for top in members - {"", "__main__"}:
             assert f"`{top}" in page, f"docs/architecture.md does not mention {top}"
+
+
+def test_importing_the_augmentations_makes_no_network_request():
+    """Attack round 18 H2: albumentations asked pypi.org for a newer release at import (a DNS
+    lookup and a connect to port 443 on every train, index or search). receipt_embed turns that
+    check off; a socket connect or address lookup during the import is a failure here."""
+    code = (
+        "import socket, sys\n"
+        "calls = []\n"
+        "socket.socket.connect = lambda self, address: calls.append(address)\n"
+        "socket.getaddrinfo = lambda *a, **k: calls.append(a[:2]) or []\n"
+        "import receipt_embed.augment.presets, albumentations\n"
+        "print(calls)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NO_ALBUMENTATIONS_UPDATE"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

@@ -31,7 +31,7 @@ import numpy as np
 
 from receipt_embed.batch_layout import ANY
 from receipt_embed.hookspecs import hookimpl
-from receipt_embed.sampling.samplers import MAX_K, two_view_batch
+from receipt_embed.sampling.samplers import MAX_K, k_view_batch, two_view_batch
 
 __version__ = "1.0"
 
@@ -166,15 +166,8 @@ class SameGroupSampler:
 
     def _k_views(self, receipts: list[int], rng: np.random.Generator) -> list[int]:
         """K distinct captures of each receipt; one with fewer repeats its own (extra views)."""
-        batch = []
-        for receipt in receipts:
-            captures = self.captures[receipt]
-            if len(captures) >= self.k:
-                batch.extend(captures[i] for i in rng.choice(len(captures), self.k, replace=False))
-            else:
-                order = [captures[i] for i in rng.permutation(len(captures))]
-                self.stats["extra_views"] += self.k - len(captures)
-                batch.extend(order[i % len(order)] for i in range(self.k))
+        batch, extra = k_view_batch(receipts, self.captures, self.k, rng)
+        self.stats["extra_views"] += extra
         return batch
 
 

@@ -53,6 +53,24 @@ def two_view_batch(
     return first + second, same
 
 
+def k_view_batch(
+    identities: Sequence[int], captures: dict[int, list[int]], k: int, rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """``k`` distinct captures of each identity in turn; one with fewer than ``k`` repeats its
+    own. Returns (batch, how many extra views were repeats). Public for sampler plugins that
+    choose identities their own way and want the P x K layout."""
+    batch, extra = [], 0
+    for identity in identities:
+        own = captures[identity]
+        if len(own) >= k:
+            batch.extend(own[i] for i in rng.choice(len(own), k, replace=False))
+        else:
+            order = [own[i] for i in rng.permutation(len(own))]
+            extra += k - len(own)
+            batch.extend(order[i % len(order)] for i in range(k))
+    return batch, extra
+
+
 class _IdentityBatches:
     """Shared epoch logic: a permutation of identities cut into batches, tail handled."""
 
@@ -133,13 +151,6 @@ class PKSampler(_IdentityBatches):
         batches = self._identity_batches(rng)
         self.stats["extra_views"] = 0
         for identities in batches:
-            batch = []
-            for identity in identities:
-                captures = self.groups[identity]
-                if len(captures) >= self.k:
-                    batch.extend(captures[i] for i in rng.choice(len(captures), self.k, replace=False))
-                else:
-                    order = [captures[i] for i in rng.permutation(len(captures))]
-                    self.stats["extra_views"] += self.k - len(captures)
-                    batch.extend(order[i % len(order)] for i in range(self.k))
+            batch, extra = k_view_batch(identities, self.groups, self.k, rng)
+            self.stats["extra_views"] += extra
             yield batch

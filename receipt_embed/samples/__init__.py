@@ -9,7 +9,7 @@ existing scans with their metadata (:mod:`.scans`), and writing a set with its m
 bytes.
 """
 
-from receipt_embed.samples.capture import capture_jpeg, simulate_capture
+from receipt_embed.samples.capture import capture_jpeg, capture_with_page_box, simulate_capture
 from receipt_embed.samples.devices import DEVICES, DeviceProfile, select_devices
 from receipt_embed.samples.generate import MANIFEST_COLUMNS, capture_scans, capture_seed, find_scans, make_samples
 from receipt_embed.samples.receipts import LineItem, Receipt, make_receipt
@@ -28,6 +28,7 @@ __all__ = [
     "Scan",
     "ShopTemplate",
     "capture_jpeg",
+    "capture_with_page_box",
     "capture_scans",
     "capture_seed",
     "find_scans",

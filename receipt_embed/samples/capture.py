@@ -26,6 +26,15 @@ _MAX_ASPECT = 3.0  # very long receipts are shrunk to fit rather than making hug
 
 def capture_jpeg(image: Image.Image, device: DeviceProfile, seed: int) -> bytes:
     """The JPEG file that ``device`` would produce when capturing the receipt in ``image``."""
+    return capture_with_page_box(image, device, seed)[0]
+
+
+def capture_with_page_box(
+    image: Image.Image, device: DeviceProfile, seed: int
+) -> tuple[bytes, tuple[int, int, int, int]]:
+    """:func:`capture_jpeg`'s bytes and where the paper lies in them: (top, bottom, left,
+    right) of the paper's bounding box, bottom and right exclusive. The ground truth a page
+    detector is measured against (``benchmarks/page_crop.py``)."""
     rng = np.random.default_rng(seed)
     paper = _flatten(image)
     width, height, corners, paper = _frame(paper, device, rng)
@@ -39,6 +48,8 @@ def capture_jpeg(image: Image.Image, device: DeviceProfile, seed: int) -> bytes:
         (width, height), Image.Transform.PERSPECTIVE, coefficients, Image.Resampling.BILINEAR, fillcolor=0
     )
     alpha = np.asarray(mask, dtype=np.float32)[..., None] / 255
+    rows, cols = np.nonzero(alpha[..., 0] > 0.5)
+    box = (int(rows.min()), int(rows.max()) + 1, int(cols.min()), int(cols.max()) + 1)
 
     surface = make_background(device.background, device.background_rgb, (height, width), rng)
     surface *= 1 - device.drop_shadow * _shadow(mask, rng)[..., None]
@@ -53,11 +64,17 @@ def capture_jpeg(image: Image.Image, device: DeviceProfile, seed: int) -> bytes:
     if device.binarise:
         frame = conditions.binarise(frame)
     if device.screenshot:
-        frame = conditions.screenshot(frame, rng)
+        frame, (left, top, scale_x, scale_y) = conditions.screenshot(frame, rng)
+        box = (
+            top + round(box[0] * scale_y),
+            top + round(box[1] * scale_y),
+            left + round(box[2] * scale_x),
+            left + round(box[3] * scale_x),
+        )
 
     buffer = io.BytesIO()
     frame.save(buffer, format="JPEG", quality=device.jpeg_quality)
-    return buffer.getvalue()
+    return buffer.getvalue(), box
 
 
 def simulate_capture(image: Image.Image, device: DeviceProfile, seed: int) -> Image.Image:

@@ -67,22 +67,26 @@ def cast_shadow(shape: tuple[int, int], strength: float, rng: np.random.Generato
     return 1 - strength * inside
 
 
-def screenshot(frame: Image.Image, rng: np.random.Generator) -> Image.Image:
+def screenshot(
+    frame: Image.Image, rng: np.random.Generator
+) -> tuple[Image.Image, tuple[int, int, float, float]]:
     """``frame`` as a phone screenshot of it: the same size, the photo shrunk onto a dark
-    screen between a status bar and a navigation bar."""
+    screen between a status bar and a navigation bar. Also returns where the photo went:
+    (left, top, x scale, y scale)."""
     width, height = frame.size
     screen = Image.new("RGB", (width, height), (18, 18, 20))
     top, bottom = round(0.06 * height), round(0.08 * height)
     scale = min(width / frame.width, (height - top - bottom) / frame.height) * rng.uniform(0.8, 0.95)
     shown = frame.resize((max(1, round(frame.width * scale)), max(1, round(frame.height * scale))), Image.BILINEAR)
-    screen.paste(shown, ((width - shown.width) // 2, top + (height - top - bottom - shown.height) // 2))
+    left, shown_top = (width - shown.width) // 2, top + (height - top - bottom - shown.height) // 2
+    screen.paste(shown, (left, shown_top))
     pixels = np.asarray(screen, dtype=np.float32).copy()
     pixels[:top] = 40
     pixels[height - bottom :] = 30
-    for left in (0.05, 0.8, 0.86, 0.92):  # the clock and the status icons
-        x0 = round(left * width)
+    for share in (0.05, 0.8, 0.86, 0.92):  # the clock and the status icons
+        x0 = round(share * width)
         pixels[top // 3 : 2 * top // 3, x0 : x0 + max(2, width // 25)] = 220
-    return _image(pixels)
+    return _image(pixels), (left, shown_top, shown.width / frame.width, shown.height / frame.height)
 
 
 def binarise(frame: Image.Image) -> Image.Image:

@@ -219,7 +219,7 @@ class PluginLoader:
             self._register(module, info)
 
     def load_folder(self, folder: Path, required: bool = False) -> None:
-        """Load ``folder/*.py``; a missing folder is fine unless the user named it."""
+        """Load ``folder/*.py`` (not ``_*`` or ``.*``); a missing folder is fine unless the user named it."""
         if not folder.is_dir():
             problem = _not_a_folder(folder)
             if required and self.strict:  # a tracker plugin missing silently is what strict exists to prevent
@@ -231,7 +231,8 @@ class PluginLoader:
             return
         for path in sorted(folder.glob("*.py")):
             name = path.stem
-            if name.startswith("_") or self._blocked(name):
+            # dot-files are editor and OS droppings (.#x.py lock links, macOS ._x.py), never plugins
+            if name.startswith(("_", ".")) or self._blocked(name):
                 continue
             module_name = f"{_folder_package(folder)}.{name}"
             try:

@@ -1230,6 +1230,24 @@ def test_a_plugin_that_exits_while_loading_is_a_failed_plugin_not_the_end_of_the
     assert result.returncode == 2 and "plugin 'quitter' failed to load (--strict-plugins)" in result.stderr
 
 
+@pytest.mark.parametrize("strict", [[], ["--strict-plugins"]], ids=["lenient", "strict"])
+def test_dot_files_in_the_plugins_folder_are_not_imported(tmp_path, strict):
+    """Attack round 18 H8: `.hidden.py` was executed, and editor and OS droppings such as a macOS
+    AppleDouble `._good.py` (binary) or an Emacs lock link `.#good.py` (dangling) were imported or
+    reported as failed plugins, fatal under --strict-plugins. Names starting with "." are skipped."""
+    folder = tmp_path / "p"
+    _write(folder, "good.py", GOOD)
+    _write(folder, ".hidden.py", 'raise RuntimeError("hidden loaded")\n')
+    (folder / "._good.py").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        \xff\xfe\x00")
+    (folder / ".#good.py").symlink_to("user@host.1234:1700000000")
+    result = run_cli("--plugins-dir", folder, *strict, "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr and "hidden" not in result.stderr, result.stderr
+    info = json.loads(result.stdout)
+    assert [p["name"] for p in info["plugins"] if p["source"] == "folder"] == ["good"], info["plugins"]
+    assert info["failed"] == []
+
+
 def test_a_factory_that_exits_is_a_component_error_naming_it(tmp_path):
     """A loss factory raising SystemExit(0) would have ended `train` silently with exit 0."""
     from receipt_embed.errors import ComponentError

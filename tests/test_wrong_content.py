@@ -370,6 +370,45 @@ def test_index_merge_names_edited_shards(tmp_path, change, message):
     assert not (tmp_path / "merged").exists()
 
 
+@pytest.mark.parametrize(
+    "rows",
+    [None, [4], {"a": 1}, "ab", [4, "x"], [1.5, 2], [4.0, 8.0], [4, 8, 5], [-4, 8], [True, 8], [0, 4], []],
+    ids=repr,
+)
+def test_index_merge_refuses_a_shard_json_rows_other_than_its_shard_covers(tmp_path, rows):
+    """Attack round 18 H1: index-merge sliced the dataset with shard.json's rows unchecked: null,
+    [90] or [1.5, 2] were internal errors (TypeError, IndexError), [90, 180, 5] and [-90, 180]
+    merged, [true, 180] was named as a wrong item count. rows is the [start, end] of shard i/n."""
+    shards = _shards(tmp_path)
+    _edit_shard(shards[1], lambda meta: meta.update(rows=rows))
+    result = run_cli("index-merge", *shards, "--out", tmp_path / "merged", "-q")
+    _one_clean_error(result, f"{shards[1] / 'shard.json'}: rows is {json.dumps(rows)}, expected [4, 8] (two integers")
+    assert "shard 1/2 of 8 covers" in result.stderr
+    assert not (tmp_path / "merged").exists()
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda m: m.update(kind=None), 'kind is null, expected "checkpoint"'),
+        (lambda m: m.update(kind="embeddings"), 'kind is "embeddings", expected "checkpoint"'),
+        (lambda m: m.pop("kind"), "shard.json lacks 'kind'"),
+        (lambda m: m.pop("rows"), "shard.json lacks 'rows'"),
+        (lambda m: m.update(count=3), "shard.json: count is 3, but rows [4, 8] of shard 1/2 hold 4"),
+        (lambda m: m.update(shard=2, rows=[8, 12]), "shard.json: shard is 2 of shards 2, expected 0 <= shard < shards"),
+    ],
+    ids=["kind null", "kind embeddings", "no kind", "no rows", "count off", "shard past shards"],
+)
+def test_index_merge_refuses_a_shard_json_kind_or_slice_index_shard_never_writes(tmp_path, change, message):
+    """Attack round 18 H1: kind null or "embeddings" merged (exit 0) into a checkpoint index; the
+    slice a shard claims (shard, count, rows) must be the one `index --shard` writes for it."""
+    shards = _shards(tmp_path)
+    _edit_shard(shards[1], change)
+    result = run_cli("index-merge", *shards, "--out", tmp_path / "merged", "-q")
+    _one_clean_error(result, str(shards[1] / "shard.json"), message)
+    assert not (tmp_path / "merged").exists()
+
+
 @pytest.mark.parametrize("name", ["/etc/hostname", "../s0/items.jsonl", "notes.txt"])
 def test_a_shard_json_naming_other_files_is_refused_without_opening_them(tmp_path, name):
     """Attack round 14: index-merge opened and hashed every path shard.json's files named (/etc/shadow,

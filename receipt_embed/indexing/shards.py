@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_write_json, atomic_write_jsonl, parse_json, read_jsonl
 from receipt_embed.indexing.contents import check_embeddings, check_items, check_shard_meta
@@ -83,6 +84,7 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise IndexDirError(f"{path / SHARD_FILE} is damaged ({exc}); re-run that shard") from None
     check_shard_meta(meta, path / SHARD_FILE, IndexDirError)
+    check_shard_slice(meta, path / SHARD_FILE)
     for name, digest in files.items():
         if not is_regular(path / name) or sha256_file(path / name) != digest:
             raise IndexDirError(
@@ -101,6 +103,40 @@ def read_shard(path: str | Path) -> tuple[dict, np.ndarray, list[dict]]:
     check_items(items, path / ITEMS_FILE, IndexDirError)
     check_embeddings(vectors, path / EMBEDDINGS_FILE, IndexDirError)  # float32, 2-D, finite
     return meta, vectors, items
+
+
+def _shown(value) -> str:
+    return shortened(json.dumps(value))
+
+
+def check_shard_slice(meta: dict, shard_path: Path) -> None:
+    """kind and rows are exactly what `index --shard` writes for shard i/n of total rows: the
+    merge records a checkpoint source and compares each shard's items with its rows of the
+    dataset, so an edited rows would slice the dataset blindly or pass a shard off as another's."""
+    for key in ("kind", "rows"):
+        if key not in meta:
+            raise IndexDirError(f"{shard_path} lacks {key!r}; re-run that shard")
+    if meta["kind"] != "checkpoint":
+        raise IndexDirError(
+            f'{shard_path}: kind is {_shown(meta["kind"])}, expected "checkpoint" (`index --shard` embeds '
+            "with a checkpoint); re-run that shard"
+        )
+    total, count, shard, shards = (meta[key] for key in ("total", "count", "shard", "shards"))
+    if not shard < shards:
+        raise IndexDirError(f"{shard_path}: shard is {shard} of shards {shards}, expected 0 <= shard < shards")
+    start, end = shard_rows(total, shard, shards)
+    rows = meta["rows"]
+    # type checks first: [90.0, 180.0] and [True, 180] compare equal to integer lists
+    if not (type(rows) is list and len(rows) == 2 and all(type(row) is int for row in rows) and rows == [start, end]):
+        raise IndexDirError(
+            f"{shard_path}: rows is {_shown(rows)}, expected [{start}, {end}] (two integers: the rows "
+            f"[start, end) that shard {shard}/{shards} of {total} covers); re-run that shard"
+        )
+    if count != end - start:
+        raise IndexDirError(
+            f"{shard_path}: count is {count}, but rows [{start}, {end}] of shard {shard}/{shards} hold "
+            f"{end - start}; re-run that shard"
+        )
 
 
 def check_shards(metas: list[tuple[Path, dict]]) -> None:

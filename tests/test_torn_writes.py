@@ -44,6 +44,24 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_not_a_refusal(tmp_path, t
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["epoch"] == 2
 
 
+def test_complete_metrics_lines_past_the_checkpoint_are_dropped_with_a_warning(tmp_path):
+    """Attack round 18 H7: a whole metrics line of an epoch past last.pt (a crash between the line and
+    the checkpoint) was dropped on resume without a word; it is still dropped, and said."""
+    from receipt_embed.fileio import append_line, read_jsonl
+    from receipt_embed.training.state import drop_unconfirmed_metrics
+
+    metrics = tmp_path / "metrics.jsonl"
+    for epoch in (1, 2, 7):
+        append_line(metrics, json.dumps({"epoch": epoch}))
+    with pytest.warns(UserWarning) as caught:
+        drop_unconfirmed_metrics(tmp_path, 1)
+    assert [str(w.message) for w in caught] == [
+        f"dropped 2 metrics line(s) past the checkpoint's epoch 1 from {metrics} (no checkpoint holds their "
+        "epochs; they are trained again)"
+    ]
+    assert read_jsonl(metrics) == [{"epoch": 1}]
+
+
 def test_the_tolerant_reader_drops_only_a_torn_tail(tmp_path):
     from receipt_embed.fileio import append_line, read_jsonl_tail_tolerant
 

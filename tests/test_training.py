@@ -482,6 +482,97 @@ def test_resume_on_a_changed_manifest_does_not_advise_the_same_path(tmp_path):
     assert f"the manifest of {data.resolve()} changed" in message and "--data" not in message, message
 
 
+@pytest.fixture(scope="module")
+def one_epoch_run(dataset, tmp_path_factory) -> Path:
+    """A run dir of one tiny epoch; tests copy it before changing it."""
+    run = tmp_path_factory.mktemp("one_epoch") / "run"
+    train(
+        load_config(overrides=[*TINY, "train.epochs=1"]),
+        dataset,
+        run,
+        builtin_registry(),
+        progress=False,
+        log=lambda m: None,
+    )
+    return run
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_resume_refuses_a_data_json_naming_another_dataset_than_the_checkpoint(cli, dataset, one_epoch_run, tmp_path):
+    """Attack round 18 H5: data.json swapped for one naming another dataset (its checksum right) took
+    `train --resume` onto that dataset, one run trained on two; the checkpoint now records its
+    dataset and the resume is refused in one line naming both, the run left as it was."""
+    import shutil
+
+    from test_overwrite import tree_digest
+
+    run = tmp_path / "run"
+    shutil.copytree(one_epoch_run, run)
+    last = run / "checkpoints" / "last.pt"
+    state = load_checkpoint(last)
+    trained_sha = _sha256(dataset / "manifest.jsonl")
+    assert state["data_dir"] == str(dataset.resolve()) and state["manifest_sha256"] == trained_sha
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.jsonl").write_text('{"path": "a.jpg"}\n')
+    other_sha = _sha256(other / "manifest.jsonl")
+    (run / "data.json").write_text(json.dumps({"data_dir": str(other), "manifest_sha256": other_sha}))
+    before = tree_digest(run)
+    result = cli("train", "--out", run, "--resume", "-q", "--set", "train.epochs=2")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: cannot resume {run}: {run / 'data.json'} names {other} (manifest sha256 {other_sha[:12]}...), "
+        f"but {last} was trained on {dataset.resolve()} (manifest sha256 {trained_sha[:12]}...); put back the "
+        "run's own data.json, or start a new run with --force"
+    ]
+    assert tree_digest(run) == before
+
+
+def test_a_checkpoint_without_a_dataset_record_resumes_against_data_json_as_before(tmp_path):
+    """Attack round 18 H5: checkpoints written before they recorded their dataset are compared with
+    data.json alone (as before); a record of the wrong type is named."""
+    from receipt_embed.training.resume import check_same_dataset, dataset_record
+
+    data = tmp_path / "ds"
+    data.mkdir()
+    (data / "manifest.jsonl").write_text('{"path": "a.jpg"}\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "data.json").write_text(json.dumps(dataset_record(data)))
+    last = run / "checkpoints" / "last.pt"
+    check_same_dataset(run, dataset_record(data), {"epoch": 1}, last)  # an older checkpoint: data.json agrees
+    trained = {"data_dir": "/elsewhere", "manifest_sha256": "0" * 64}
+    with pytest.raises(
+        CheckpointError, match=rf"but {last} was trained on /elsewhere \(manifest sha256 0{{12}}\.\.\.\)"
+    ):
+        check_same_dataset(run, dataset_record(data), trained, last)
+    with pytest.raises(CheckpointError, match=rf"^{last}: data_dir is 7; --resume needs a dataset dir path$"):
+        check_same_dataset(run, dataset_record(data), {"data_dir": 7, "manifest_sha256": "0" * 64}, last)
+
+
+def test_resume_without_the_run_config_names_the_missing_file(cli, one_epoch_run, tmp_path):
+    """Attack round 18 H6: with RUN_DIR/config.yaml deleted, --resume compared the defaults with the
+    checkpoint and said "the config differs (data.image_size ...)"; now it names the missing file."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(one_epoch_run, run)
+    (run / "config.yaml").unlink()
+    result = cli("train", "--out", run, "--resume", "-q", "--set", "train.epochs=2")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: cannot resume {run}: {run / 'config.yaml'} is missing, so the run's settings are unknown; put it "
+        "back, or pass --config FILE with the settings the run was trained with (they are checked against "
+        f"{run / 'checkpoints' / 'last.pt'})"
+    ]
+    assert not (run / "config.yaml").exists() and [line["epoch"] for line in _metrics(run)] == [1]
+
+
 def test_the_schedule_runs_over_the_time_budget_when_that_ends_first():
     """The cosine position is the larger of the steps' and the budget's share: half the budget
     spent after a tenth of the steps is the rate of half the way; a spent budget is zero."""

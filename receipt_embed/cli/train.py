@@ -206,6 +206,12 @@ def _config_and_registry(ctx, out_dir, resume: bool, config_file, overrides):
 
     saved = Path(out_dir) / "config.yaml"
     from_run_dir = resume and config_file is None and os.path.lexists(saved)  # a FIFO is refused by name when read
+    last = Path(out_dir) / "checkpoints" / "last.pt"
+    if resume and config_file is None and not from_run_dir and os.path.lexists(last):  # not the defaults instead
+        raise InputError(
+            f"cannot resume {out_dir}: {saved} is missing, so the run's settings are unknown; put it back, "
+            f"or pass --config FILE with the settings the run was trained with (they are checked against {last})"
+        )
     if from_run_dir:
         config_file = str(saved)  # the run's own settings; --set still applies on top
     config = resolve_config(config_file, overrides)

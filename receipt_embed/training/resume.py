@@ -56,26 +56,67 @@ def recorded_data_dir(run_dir) -> str | None:
     return saved["data_dir"] if saved else None
 
 
-def check_same_dataset(run_dir, record: dict) -> None:
-    """Refuse to resume a run on another dataset, or on its own dataset changed since."""
+def trained_dataset(state: dict | None, path) -> dict | None:
+    """The dataset a checkpoint says its run was trained on (None for a fresh run, or a checkpoint
+    written before checkpoints recorded it: then data.json alone is compared)."""
+    if state is None or ("data_dir" not in state and "manifest_sha256" not in state):
+        return None
+    data_dir, sha = state.get("data_dir"), state.get("manifest_sha256")
+    if not isinstance(data_dir, str) or not data_dir:
+        raise CheckpointError(f"{path}: data_dir is {shortened(repr(data_dir))}; --resume needs a dataset dir path")
+    if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
+        raise CheckpointError(f"{path}: manifest_sha256 is {shortened(repr(sha))}; --resume needs a sha256 or None")
+    return {"data_dir": data_dir, "manifest_sha256": sha} if sha is not None else None
+
+
+def _sha(value) -> str:
+    """A manifest sha256 as a message shows it: its first 12 hex digits tell two apart."""
+    if isinstance(value, str):
+        return f"{value[:12]}..." if len(value) > 12 else value
+    return shortened(repr(value))
+
+
+def _check_record_matches_checkpoint(saved: dict, trained: dict, run_dir, path) -> None:
+    """A data.json edited, or copied from another run, would take the run onto another dataset."""
+    sha = saved.get("manifest_sha256")
+    if sha is None or sha == trained["manifest_sha256"]:  # None: a data.json older than manifest checksums
+        return
+    raise CheckpointError(
+        f"cannot resume {run_dir}: {Path(run_dir) / DATA_FILE} names {saved['data_dir']} (manifest sha256 "
+        f"{_sha(sha)}), but {path} was trained on {trained['data_dir']} (manifest sha256 "
+        f"{_sha(trained['manifest_sha256'])}); put back the run's own data.json, or start a new run with --force"
+    )
+
+
+def check_same_dataset(run_dir, record: dict, state: dict | None = None, path=None) -> None:
+    """Refuse to resume a run on another dataset, or on its own dataset changed since: ``record``
+    is compared with data.json and, when checkpoint ``state`` (read from ``path``) records its
+    dataset, with the checkpoint's (a data.json swapped for another run's is refused too)."""
     saved = _read_data_record(run_dir)
-    if saved is None:
+    trained = trained_dataset(state, path)
+    if saved is not None and trained is not None:
+        _check_record_matches_checkpoint(saved, trained, run_dir, path)
+    if saved is None and trained is None:
         return
     if record["manifest_sha256"] is None:
         raise CheckpointError(
             f"cannot resume {run_dir}: {record['data_dir']} holds no manifest.jsonl (moved or "
             "deleted?); pass --data with the dataset dir the run was trained on"
         )
-    if saved.get("manifest_sha256") and record["manifest_sha256"] != saved["manifest_sha256"]:
-        if Path(record["data_dir"]) == Path(saved["data_dir"]):  # the same dir, re-ingested or edited since
+    # the reference: data.json with its checksum, else the checkpoint's record (data.json gone or older)
+    reference, source = (saved, Path(run_dir) / DATA_FILE)
+    if trained is not None and (saved is None or not saved.get("manifest_sha256")):
+        reference, source = trained, path
+    if reference.get("manifest_sha256") and record["manifest_sha256"] != reference["manifest_sha256"]:
+        if Path(record["data_dir"]) == Path(reference["data_dir"]):  # the same dir, re-ingested or edited since
             raise CheckpointError(
                 f"cannot resume {run_dir}: the manifest of {record['data_dir']} changed since the "
-                f"run was trained on it (its sha256 is not the one in {Path(run_dir) / DATA_FILE}); "
+                f"run was trained on it (its sha256 is not the one in {source}); "
                 "resume on the dataset as it was, or start a new run with --force"
             )
         raise CheckpointError(
             f"cannot resume {run_dir} on {record['data_dir']}: the run was trained on "
-            f"{saved['data_dir']}, whose manifest differs; resume with --data {saved['data_dir']}"
+            f"{reference['data_dir']}, whose manifest differs; resume with --data {reference['data_dir']}"
         )
 
 

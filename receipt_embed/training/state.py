@@ -7,6 +7,7 @@ exactly where the interrupted one stopped.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ def run_state(trainer) -> dict:
         "torch_rng": torch.get_rng_state(),
         "config": trainer.config_dict,
         "world_size": trainer.ctx.world_size,
+        **trainer.data_record,  # data_dir and manifest_sha256: --resume refuses a data.json naming another dataset
     }
 
 
@@ -82,5 +84,10 @@ def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> None:
             f"{logged}; the checkpoint does not belong to this run's log"
         )
     kept = [m for m in rows if m["epoch"] <= epoch]
+    if len(kept) < len(rows):  # a crash after an epoch's line, before its checkpoint: said, as a torn line is
+        warnings.warn(
+            f"dropped {len(rows) - len(kept)} metrics line(s) past the checkpoint's epoch {epoch} from {metrics} "
+            "(no checkpoint holds their epochs; they are trained again)"
+        )
     if torn or len(kept) < len(rows):
         atomic_write_jsonl(metrics, kept)

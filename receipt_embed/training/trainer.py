@@ -124,7 +124,7 @@ class Trainer(TrainingStep):
         """The dataset's train and val splits, decoded once into image caches."""
         self.data_record = dataset_record(data_dir)
         if resume:
-            check_same_dataset(self.run_dir, self.data_record)
+            check_same_dataset(self.run_dir, self.data_record, self.state, self.run_dir / LAST)
         rows = load_dataset_dir(data_dir)
         self.train_set = select_split(rows, "train")
         self.val_set = select_split(rows, "val")

@@ -514,8 +514,12 @@ def test_each_harsh_condition_does_what_it_says():
     shadow = conditions.cast_shadow((400, 200), 0.55, rng)
     assert shadow.min() == pytest.approx(0.45, abs=0.02) and shadow.max() == pytest.approx(1.0, abs=0.02)
     assert 0.05 < (shadow < 0.7).mean() < 0.95, "part of the frame is in shadow, not all of it"
-    shot = _gray(conditions.screenshot(paper.resize((256, 380)), rng))
+    shot_image, (left, top, scale_x, scale_y) = conditions.screenshot(paper.resize((256, 380)), rng)
+    shot = _gray(shot_image)
     assert shot.shape == (380, 256) and shot[:10].mean() < 120 and shot[-20:].mean() < 60
+    assert 0.8 * 0.8 <= scale_x <= 0.95 and left > 0 and top >= round(0.06 * 380)
+    assert shot[top + 5 : top + 20, left + 5 : left + 20].mean() > 200, "the paper is where it says it put it"
+    assert shot[top + 5 : top + 20, left - 4 : left - 1].mean() < 40, "and the dark screen just beside it"
     black_white = np.unique(np.asarray(conditions.binarise(paper)))
     assert set(black_white.tolist()) == {0, 255}
 
@@ -690,3 +694,31 @@ def test_listing_scan_ids_split_and_field_names_are_kept_as_given_or_refused_nam
         assert refused.exit_code == 2, (field, refused.output)
         assert message in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
         assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("name", ["phone_a", "phone_shadow", "screenshot", "scanner"])
+def test_capture_with_page_box_gives_where_the_paper_lies(name):
+    """The true page box (the page detector's ground truth): the capture is paper inside it
+    and background just outside it, and the bytes are capture_jpeg's."""
+    from receipt_embed.samples import capture_with_page_box
+
+    device = next(d for d in DEVICES if d.name == name)
+    paper = Image.new("RGB", (300, 600), "white")
+    data, (top, bottom, left, right) = capture_with_page_box(paper, device, seed=4)
+    assert data == capture_jpeg(paper, device, seed=4)
+    with Image.open(io.BytesIO(data)) as decoded:
+        gray = _gray(decoded)
+    height, width = gray.shape
+    assert 0 <= top < bottom <= height and 0 <= left < right <= width
+    inside = gray[top + 4 : bottom - 4, left + 4 : right - 4]
+    assert inside.mean() > 100  # white paper, though part of it may lie in a shadow
+    if name == "scanner":  # the page fills the frame: nothing outside to compare with
+        return
+    assert (bottom - top) * (right - left) < 0.95 * height * width
+    beside = np.concatenate(
+        [
+            gray[top + 4 : bottom - 4, max(0, left - 3) : left].ravel(),
+            gray[top + 4 : bottom - 4, right : right + 3].ravel(),
+        ]
+    )
+    assert beside.size and inside.mean() - beside.mean() > 25, "the box hugs the paper, not the frame"

@@ -56,3 +56,14 @@ def quoted(value) -> str:
     """``'value'`` for a message that :func:`printable` escapes once when it is shown; ``repr``
     would escape it a first time already (and name numpy's ``np.str_('x')`` for a column value)."""
     return f"'{value}'"
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` as it is, or with each code point UTF-8 cannot encode shown as a backslash escape
+    (``\\ud800``), so a CSV, a page or a plot can write it. Such a lone surrogate comes from a JSON
+    ``"\\ud800"`` in a dataset an older ingest accepted, or from a file name that is not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -215,6 +215,35 @@ def parse_json(text, unique_keys: bool = False):
         raise json.JSONDecodeError("a number of more than 4300 digits", doc, 0) from None
 
 
+def lone_surrogate(value) -> str | None:
+    """The first text in ``value`` (a str, or any key or value of a JSON object or list) that holds
+    a lone UTF-16 surrogate, or None. JSON allows ``"\\ud800"`` and Python reads it into a str that
+    UTF-8 cannot encode: such a value is refused where it is read, not left to fail in whatever
+    writes it next (a manifest, a CSV, a plot)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value
+        return None
+    if isinstance(value, dict):
+        value = [text for pair in value.items() for text in pair]
+    if isinstance(value, list):
+        return next((found for item in value if (found := lone_surrogate(item)) is not None), None)
+    return None
+
+
+def lone_surrogate_detail(what: str, text: str, where: str = "the manifest") -> str:
+    """Why ``text`` (as :func:`lone_surrogate` found it) is refused, naming ``what`` it is."""
+    from receipt_embed.display import quoted, shortened
+
+    code = next(ord(c) for c in text if 0xD800 <= ord(c) <= 0xDFFF)
+    return (
+        f"{what} {quoted(shortened(text, 60))} holds a lone UTF-16 surrogate (U+{code:04X}): not a character, "
+        f"it cannot be stored as UTF-8 (fix that JSON escape in {where})"
+    )
+
+
 def read_jsonl_tail_tolerant(path: str | os.PathLike, warn=None) -> tuple[list[dict], bool]:
     """Rows of a JSON-lines file that is only ever appended to; a torn last line (no newline,
     or not valid JSON: a writer killed mid-append) is dropped with a warning naming the file

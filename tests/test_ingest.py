@@ -447,3 +447,34 @@ def test_a_name_the_file_system_encoding_cannot_write_is_not_called_a_nul_byte(c
     assert "NUL" not in result.stderr
     utf8 = cli("ingest", tmp_path, "--out", tmp_path / "out2", "-q", env={"LC_ALL": "C.UTF-8"})
     assert utf8.returncode == 0 and "accepted 2, rejected 0" in utf8.stdout, utf8.stdout + utf8.stderr
+
+
+def test_lone_surrogates_in_any_manifest_value_are_invalid_values(cli, tmp_path):
+    """Attack round 18 H3: JSON allows "\\ud800", which Python reads into a str UTF-8 cannot hold. In
+    receipt_id ingest failed with an internal UnicodeEncodeError; in device or metadata it was stored
+    and broke audit and search later. A column name or value holding one is now `invalid_value`."""
+    rows = [
+        {"path": "0.jpg", "receipt_id": "\ud800", "device": "d"},
+        {"path": "1.jpg", "receipt_id": "r1", "device": "phone\ud800"},
+        {"path": "2.jpg", "receipt_id": "r2", "device": "d", "merchant": "shop\udc80"},
+        {"path": "3\ud800.jpg", "receipt_id": "r3", "device": "d"},
+        {"path": "4.jpg", "receipt_id": "r4", "device": "d", "note\udfff": "x"},
+        {"path": "5.jpg", "receipt_id": "r5", "device": "d", "merchant": "caf\u00e9 \U0001f9fe"},
+    ]
+    for seed in range(6):
+        (tmp_path / f"{seed}.jpg").write_bytes(_jpeg(seed, size=(16, 32)))
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))  # "\ud800" escapes
+    result = cli("ingest", tmp_path, "--out", tmp_path / "out", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "internal error" not in result.stderr and "accepted 1, rejected 5 (5 invalid_value)" in result.stdout
+    why = "holds a lone UTF-16 surrogate"
+    for shown in (
+        f"line 1: receipt_id '\\ud800' {why} (U+D800): not a character, it cannot be stored as UTF-8",
+        f"line 2: device 'phone\\ud800' {why} (U+D800)",
+        f"line 3: column merchant: value 'shop\\udc80' {why} (U+DC80)",
+        f"line 4: path '3\\ud800.jpg' {why} (U+D800)",
+        f"line 5: column name 'note\\udfff' {why} (U+DFFF)",
+    ):
+        assert f"  rejected: {shown}" in result.stderr, result.stderr
+    kept = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    assert [(row["receipt_id"], row["merchant"]) for row in kept] == [("r5", "caf\u00e9 \U0001f9fe")]

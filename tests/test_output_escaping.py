@@ -220,3 +220,69 @@ def test_out_paths_with_control_characters_print_escaped(tmp_path):
         shown = result.stdout + result.stderr
         assert "\x1b" not in shown and "\u202e" not in shown, name
         assert "x\\x1b[2Jclear\\u202e" in shown, (name, shown)
+
+
+def _dataset_of_an_older_ingest(base):
+    """A dataset dir as ingest wrote it before it refused lone surrogates: 4 receipts x 3 devices,
+    every device and merchant holding one (json.dumps writes "\\ud800"), the report's seal recomputed."""
+    import hashlib
+
+    import numpy as np
+    from test_ingest import _jpeg
+
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    (base / "caps").mkdir()
+    rows = []
+    for receipt in range(4):
+        for device in range(3):
+            name = f"r{receipt}_{device}.jpg"
+            (base / "caps" / name).write_bytes(_jpeg(10 * receipt + device, size=(16, 32)))
+            rows.append({"path": name, "receipt_id": f"r{receipt}", "device": f"phone_{device}", "merchant": "shop"})
+    (base / "caps" / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    ingest(base / "caps", base / "dataset", load_config().ingest)
+    manifest = base / "dataset" / "manifest.jsonl"
+    old = [json.loads(line) for line in manifest.read_text().splitlines()]
+    manifest.write_text(
+        "".join(json.dumps({**r, "device": r["device"] + "\ud800", "merchant": "shop\udc80"}) + "\n" for r in old)
+    )
+    report = json.loads((base / "dataset" / "ingest_report.json").read_text())
+    report["manifest_sha256"] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    (base / "dataset" / "ingest_report.json").write_text(json.dumps(report))
+    np.save(base / "vectors.npy", np.random.default_rng(0).normal(size=(len(rows), 8)).astype(np.float32))
+    return base / "dataset", base / "vectors.npy"
+
+
+def test_an_older_datasets_lone_surrogates_are_written_escaped(tmp_path):
+    """Attack round 18 H4: a device or merchant holding a lone surrogate (stored by an ingest of
+    before H3) made audit-shortcuts fail in matplotlib's set_text and search --all-pairs fail
+    writing its CSV, both internal errors. Plots and CSV now show the value escaped (\\ud800)."""
+    dataset, vectors = _dataset_of_an_older_ingest(tmp_path)
+    index = tmp_path / "index"
+    built = run_cli("index", "--embeddings", vectors, "--manifest", dataset, "--out", index, "-q")
+    assert built.returncode == 0, built.stderr
+    audited = run_cli(
+        "audit-shortcuts", index, "--attribute", "device", "--context-attribute", "merchant", "--gallery", "0", "-q"
+    )
+    assert audited.returncode == 0, audited.stderr
+    assert "shop\\udc80" in (index / "audit" / "audit.html").read_text(encoding="utf-8")
+    pairs = run_cli("search", index, "--all-pairs", "--threshold", "-1", "--out", tmp_path / "pairs.csv")
+    assert pairs.returncode == 0, pairs.stderr
+    lines = (tmp_path / "pairs.csv").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1 + 12 * 11 // 2
+    assert any(",phone_0\\ud800,phone_1\\ud800," in line for line in lines), lines
+
+
+def test_a_users_manifest_with_a_lone_surrogate_is_refused_by_index(tmp_path):
+    """Attack round 18 H3: `index --embeddings --manifest` holds a user's manifest to ingest's rule
+    (its own dataset dir, as an older ingest wrote it, is still indexed: see the test above)."""
+    dataset, vectors = _dataset_of_an_older_ingest(tmp_path)
+    (tmp_path / "mine.jsonl").write_text((dataset / "manifest.jsonl").read_text())
+    result = run_cli("index", "--embeddings", vectors, "--manifest", tmp_path / "mine.jsonl", "--out", tmp_path / "i")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {tmp_path / 'mine.jsonl'}, line 1: column device: value 'phone_0\\ud800' holds a lone UTF-16 "
+        "surrogate (U+D800): not a character, it cannot be stored as UTF-8 (fix that JSON escape in the manifest)"
+    ]
+    assert not (tmp_path / "i").exists()

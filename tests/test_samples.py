@@ -722,3 +722,26 @@ def test_capture_with_page_box_gives_where_the_paper_lies(name):
         ]
     )
     assert beside.size and inside.mean() - beside.mean() > 25, "the box hugs the paper, not the frame"
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"scan_id": "\ud800"}, "line 1: scan_id '\\ud800' holds a lone UTF-16 surrogate (U+D800)"),
+        ({"company": "SHOP\udc80"}, "line 1: company 'SHOP\\udc80' holds a lone UTF-16 surrogate (U+DC80)"),
+        ({"date": ["\ud800"]}, "line 1: date '\\ud800' holds a lone UTF-16 surrogate"),
+        ({"\ud800": "x"}, "line 1: field name '\\ud800' holds a lone UTF-16 surrogate"),
+    ],
+)
+def test_a_listing_value_with_a_lone_surrogate_is_named(tmp_path, row, message):
+    """Attack round 18 H3: a receipts.jsonl `scan_id` or `company` of "\\ud800" (JSON allows it; UTF-8
+    cannot hold it) was an internal UnicodeEncodeError. Any field name or value holding one is refused
+    naming the line, and no set is written."""
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    Image.new("RGB", (40, 90), "white").save(folder / "000.png")
+    (folder / "receipts.jsonl").write_text(json.dumps({"path": "000.png", **row}) + "\n")
+    result = CliRunner().invoke(main, ["make-samples", "--out", str(tmp_path / "out"), "--from-scans", str(folder)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "fix that JSON escape in receipts.jsonl" in result.output, result.output
+    assert "internal error" not in result.output and not (tmp_path / "out").exists()

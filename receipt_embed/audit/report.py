@@ -13,6 +13,8 @@ from importlib import resources
 
 import numpy as np
 
+from receipt_embed.display import utf8_safe
+
 MAX_PROJECTED = 3000  # points in the 2-D projection plots
 MAX_COLOURED_IDENTITIES = 12
 
@@ -28,8 +30,9 @@ def _png(fig) -> str:
 
 def literal(text) -> str:
     """Text drawn as written: matplotlib reads a pair of ``$`` as mathtext (and raises at
-    draw time on bad mathtext), so every ``$`` in a value from a manifest is escaped."""
-    return str(text).replace("$", r"\$")
+    draw time on bad mathtext), so every ``$`` in a value from a manifest is escaped; so is a lone
+    surrogate (matplotlib refuses a str holding one)."""
+    return utf8_safe(str(text)).replace("$", r"\$")
 
 
 def _figure(width=6.0, height=3.6):

@@ -10,7 +10,7 @@ import sys
 import click
 
 from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry
-from receipt_embed.display import printable
+from receipt_embed.display import printable, utf8_safe
 from receipt_embed.errors import BadInput
 
 
@@ -154,7 +154,8 @@ def terminal_safe(row, on_terminal: bool):
 class _NewlineRows:
     """CSV rows ending in a bare newline in which a field holding a carriage return is quoted too:
     the csv module quotes only the characters of its line terminator, and a bare CR in an
-    unquoted field would split the row for every CSV reader."""
+    unquoted field would split the row for every CSV reader. A lone surrogate (a value of a dataset
+    an older ingest accepted) is written as its escape: UTF-8 has no bytes for it."""
 
     def __init__(self, handle):
         self.handle, self.buffer = handle, io.StringIO()
@@ -165,7 +166,7 @@ class _NewlineRows:
         line = self.buffer.getvalue()
         self.buffer.seek(0)
         self.buffer.truncate()
-        self.handle.write(line[:-2] + "\n")
+        self.handle.write(utf8_safe(line[:-2]) + "\n")
 
 
 def _all_pairs(index_dir, threshold: float, out_file: str) -> None:

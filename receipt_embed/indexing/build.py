@@ -187,16 +187,33 @@ def built_vectors(embeddings: np.ndarray, row_name=lambda row: f"row {row} (0-ba
     return vectors
 
 
+def _refuse_lone_surrogates(path: Path, row) -> None:
+    """A user's manifest is held to ingest's rule: no column name or value with a lone surrogate
+    (a JSON ``"\\ud800"``), which no items.jsonl, CSV or plot could write."""
+    from receipt_embed.fileio import lone_surrogate, lone_surrogate_detail
+
+    for key, value in row.fields.items():
+        if lone_surrogate(key) is not None:
+            raise BadInput(f"{path}, line {row.line}: {lone_surrogate_detail('column name', key)}")
+        if (text := lone_surrogate(value)) is not None:
+            raise BadInput(f"{path}, line {row.line}: {lone_surrogate_detail(f'column {key}: value', text)}")
+
+
 def read_items_manifest(manifest: str | Path) -> tuple[Path, list[dict]]:
     """Rows of a manifest (CSV/JSONL, or a dataset dir) as items, paths made absolute."""
     from receipt_embed.ingest.manifest import find_manifest, read_manifest
+    from receipt_embed.ingest.pipeline import MANIFEST_FILE, REPORT_FILE
 
     path = find_manifest(manifest)
+    # a dataset an older ingest wrote may hold lone surrogates: kept, as `index --data` keeps them
+    written_by_ingest = path.name == MANIFEST_FILE and (path.parent / REPORT_FILE).is_file()
     items = []
     for row in read_manifest(path):
         missing = [key for key in ("path", "receipt_id") if row.fields.get(key) in (None, "")]
         if missing:
             raise BadInput(f"{path}, line {row.line}: missing {', '.join(missing)}")
+        if not written_by_ingest:
+            _refuse_lone_surrogates(path, row)
         item = item_of(row.fields)
         for key in ("path", "receipt_id", *ITEM_OPTIONAL_STRINGS):  # what every reader of items.jsonl takes as text
             value = item.get(key)

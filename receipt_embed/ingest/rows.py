@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from receipt_embed.config import IngestConfig
 from receipt_embed.display import quoted, shortened
+from receipt_embed.fileio import lone_surrogate, lone_surrogate_detail
 from receipt_embed.ingest.manifest import (
     REQUIRED_COLUMNS,
     ManifestRow,
@@ -57,16 +58,24 @@ def _as_text(value) -> str:
 
 def _invalid_value(fields: dict) -> str | None:
     """Why a required column's value cannot name a capture, or None: it must be a string or a
-    plain finite number (a JSON manifest may hold objects, lists, booleans, 1e400), with no control characters."""
+    plain finite number (a JSON manifest may hold objects, lists, booleans, 1e400), with no control
+    characters. No column name or value (metadata too) may hold a lone surrogate: nothing could write it."""
     for column in REQUIRED_COLUMNS:
         value = fields[column]
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             return f"{column} is a JSON {type(value).__name__} ({json.dumps(value)[:40]}), expected a string"
         if isinstance(value, float) and not math.isfinite(value):
             return f"{column} is {value}, expected a string or a finite number"
+        if lone_surrogate(value) is not None:
+            return lone_surrogate_detail(column, value)
         # a NUL byte in a path stays `unresolvable_path` (the OS cannot name such a file)
         if isinstance(value, str) and _CONTROL.search(value.replace("\0", "") if column == "path" else value):
             return f"{column} {value[:60]} holds a control character"  # printed escaped (display.printable)
+    for column, value in fields.items():
+        if lone_surrogate(column) is not None:
+            return lone_surrogate_detail("column name", column)
+        if (text := lone_surrogate(value)) is not None:
+            return lone_surrogate_detail(f"column {column}: value", text)
     return None
 
 

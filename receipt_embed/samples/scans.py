@@ -21,7 +21,7 @@ from pathlib import Path
 
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
-from receipt_embed.fileio import parse_json
+from receipt_embed.fileio import lone_surrogate, lone_surrogate_detail, parse_json
 from receipt_embed.ingest.manifest import RESERVED_COLUMNS
 from receipt_embed.userfiles import UnusableFile, read_regular, read_regular_text
 
@@ -166,6 +166,7 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
         where = f"{listing}, line {number}"
         if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
             raise BadInput(f"{where}: expected a JSON object with a 'path' (the scan, relative to {folder})")
+        _refuse_lone_surrogates(row, where)
         path = folder / row["path"]
         try:
             inside = path.resolve().is_relative_to(root) and path.is_file()
@@ -193,6 +194,16 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
             stacklevel=2,
         )
     return scans
+
+
+def _refuse_lone_surrogates(row: dict, where: str) -> None:
+    """No field name or value may hold a lone surrogate (JSON's ``"\\ud800"``): no file name,
+    manifest or CSV of the set could write it."""
+    for key, value in row.items():
+        if lone_surrogate(key) is not None:
+            raise BadInput(f"{where}: {lone_surrogate_detail('field name', key, LISTING)}")
+        if (text := lone_surrogate(value)) is not None:
+            raise BadInput(f"{where}: {lone_surrogate_detail(key, text, LISTING)}")
 
 
 def _scan_id(row: dict, path: Path, where: str) -> str:

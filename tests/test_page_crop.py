@@ -10,7 +10,7 @@ from PIL import Image
 
 from receipt_embed.data.cache import ImageCache
 from receipt_embed.images import resize_bytes
-from receipt_embed.page_crop import crop_to_page, page_box
+from receipt_embed.page_crop import _otsu_box, crop_to_page, page_box
 
 
 def _page(height: int, width: int) -> np.ndarray:
@@ -46,6 +46,37 @@ def test_the_page_is_found_on_a_table_inside_a_screenshot_and_not_in_a_full_scan
     assert crop_to_page(photo).shape[:2] == pytest.approx((250, 114), abs=6)  # the box and a 2% margin
 
 
+def _shadowed(frame: np.ndarray, share: float, strength: float) -> np.ndarray:
+    """``frame`` with a soft-edged shadow over its lower ``share`` (a hand or a phone)."""
+    rows = np.arange(frame.shape[0], dtype=np.float32)
+    edge = frame.shape[0] * (1 - share)
+    darken = 1 - strength / (1 + np.exp(-(rows - edge) / 3))
+    return np.clip(frame * darken[:, None, None], 0, 255).astype(np.uint8)
+
+
+def test_a_shadow_across_the_page_does_not_split_it():
+    """A hard shadow over the lower 45% of a photo darkens paper and table alike: brightness
+    alone (Otsu's threshold) boxes the lit part only; the page is found whole."""
+    photo = _shadowed(_on(120, (400, 200), _page(300, 130), (50, 35)), 0.45, 0.55)
+    assert _close(page_box(photo), (50, 350, 35, 165), 4)
+    top, bottom, _, _ = _otsu_box(photo)
+    assert bottom - top < 200, "brightness alone splits the page at the shadow"
+
+
+def test_the_page_box_does_not_depend_on_what_ran_before():
+    """GrabCut seeds its colour models from OpenCV's global random generator; the box must be
+    the same for the same pixels in any order, or training and indexing would crop apart."""
+    rng = np.random.default_rng(3)
+    frames = [
+        _shadowed(_on(int(rng.integers(60, 160)), (360, 180), _page(260, 120), (40, 30)), 0.4, 0.5)
+        + rng.integers(0, 12, (360, 180, 3)).astype(np.uint8)
+        for _ in range(6)
+    ]
+    forward = [page_box(frame) for frame in frames]
+    backward = [page_box(frame) for frame in reversed(frames)][::-1]
+    assert forward == backward
+
+
 def test_decoding_with_page_crop_gives_the_page_alone_resized():
     """resize_bytes(crop_page=True) and the cache built with it: the page fills the frame, so two
     captures of one page framed differently decode alike; without it they do not."""
@@ -75,4 +106,4 @@ def test_the_cache_crops_only_when_asked(tmp_path):
     plain = ImageCache([str(path)], (64, 32)).images[0]
     cropped = ImageCache([str(path)], (64, 32), crop_page=True).images[0]
     assert cropped.shape == plain.shape == (64, 32, 3)
-    assert plain[:3].mean() < 100 and cropped[:3].mean() > 150  # the table above the page is gone
+    assert plain[3:6].mean() < 100 and cropped[3:6].mean() > 180  # the table above the page is gone

@@ -21,7 +21,7 @@ from receipt_embed.data.views import clean_batches
 from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.models.embedder import Embedder
-from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint, load_weights
+from receipt_embed.training.checkpoint import CheckpointError, check_weights_fit, load_checkpoint, load_weights
 
 FEATURES = ("backbone", "head")
 
@@ -52,7 +52,12 @@ def load_model(checkpoint: str | Path, registry) -> LoadedModel:
             where, problem = first["ctx"]["error"].key, shortened(str(first["ctx"]["error"]))
         raise CheckpointError(f"{checkpoint}: config.{where}: {problem}") from None
     try:
-        model = build_model(config, registry, from_checkpoint=True)
+        model = build_model(  # the tensors are compared with the model's shapes before it takes memory
+            config,
+            registry,
+            from_checkpoint=True,
+            weights_fit=lambda wanted: check_weights_fit(wanted, state["model"], checkpoint),
+        )
     except ComponentError as exc:
         if config.plugins.dir and str(exc).startswith("unknown "):
             # never loaded automatically: that would run code named by a data file

@@ -252,6 +252,119 @@ def test_resume_from_a_tampered_last_checkpoint_exits_2(trained, tmp_path, chang
     assert last.read_bytes() == before
 
 
+def _first_running_var(state) -> str:
+    return next(name for name in state["model"] if name.endswith("running_var"))
+
+
+ROUND_19_CHECKPOINTS = {
+    "a sparse weight": (  # J2: torch's value check crashed ("Could not run 'aten::ne.Scalar' ... 'SparseCPU'")
+        lambda s: s["model"].update({_first_weight(s): s["model"][_first_weight(s)].to_sparse()}),
+        "is a sparse tensor (sparse_coo), the architecture needs a dense one",
+    ),
+    "a weight on the meta device": (  # J2: a meta tensor loads as one and has no values to check
+        lambda s: s["model"].update({_first_weight(s): torch.empty(s["model"][_first_weight(s)].shape, device="meta")}),
+        "is a tensor on the meta device, which holds no values; the checkpoint is corrupt",
+    ),
+    "a negative running_var": (  # J8: every embedding was NaN, and the images were blamed
+        lambda s: s["model"].update({_first_running_var(s): -torch.ones_like(s["model"][_first_running_var(s)])}),
+        "running_var holds negative values; the checkpoint is corrupt",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ROUND_19_CHECKPOINTS)
+def test_checkpoint_tensors_that_are_not_dense_values_a_model_can_hold_are_named(trained, tmp_path, case):
+    """Attack round 19 J2, J8: a sparse weight in a checkpoint was an internal error (exit 1, after torch's
+    "Validating sparse tensor invariants" warning); a BatchNorm running_var of -1 made index say "the model
+    produced non-finite embeddings for 180 images, first r0000_phone_a.jpg". Both are the checkpoint's fault,
+    named in one line with its key; nothing is written."""
+    change, message = ROUND_19_CHECKPOINTS[case]
+    best = trained / "run" / "checkpoints" / "best.pt"
+    path = _tampered_checkpoint(best, tmp_path / "bad.pt", change)
+    state = torch.load(best, map_location="cpu", weights_only=True)
+    key = _first_running_var(state) if "running_var" in message else _first_weight(state)
+    result = run_cli("index", "--checkpoint", path, "--data", trained / "dataset", "--out", tmp_path / "index", "-q")
+    _one_clean_error(result, f"{path}: model.{key} ", message)
+    assert not (tmp_path / "index").exists()
+
+
+def test_a_checkpoint_format_version_of_true_is_refused(trained, tmp_path):
+    """Attack round 19 J12: ``format_version = True`` was taken, because True == 1."""
+    state = torch.load(trained / "run" / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
+    state["format_version"] = True
+    torch.save(state, tmp_path / "bool.pt")
+    result = run_cli(
+        "index", "--checkpoint", tmp_path / "bool.pt", "--data", trained / "dataset", "--out", tmp_path / "ix"
+    )
+    _one_clean_error(result, f"{tmp_path / 'bool.pt'} is not a receipt-embed checkpoint", "its format_version is True")
+    assert not (tmp_path / "ix").exists()
+
+
+def _peak_memory_kb(*args) -> tuple[int, str, int]:
+    """``python -m receipt_embed ARGS``: exit code, stderr and the process's own peak RSS (KB)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    with tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "receipt_embed", *map(str, args)], stdout=subprocess.DEVNULL, stderr=err, env=env
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return process.returncode, err.read(), usage.ru_maxrss
+
+
+def test_a_checkpoint_asking_for_a_wider_encoder_than_its_weights_is_refused_before_building_it(trained, tmp_path):
+    """Attack round 19 J1: a 13 MB checkpoint whose config asked for model.params.widths [4000, 4000] made
+    index build the whole 576 MB model (kaiming init touching every page) before the first shape check;
+    [20000, 20000] would have taken some 29 GB. The checkpoint's tensors are now compared with the shapes
+    of the model built on torch's meta device, so the refusal costs no more memory than any other one.
+    (Here [4096, 4096], the widest allowed: 1.2 GB, so the test itself stays safe without the fix.)"""
+    best = trained / "run" / "checkpoints" / "best.pt"
+    small = _tampered_checkpoint(best, tmp_path / "small.pt", _reshape_first)
+    wide = _tampered_checkpoint(
+        best, tmp_path / "wide.pt", lambda s: s["config"]["model"].update(params={"widths": [4096, 4096]})
+    )
+    data = ("--data", trained / "dataset", "-q")
+    code, _, baseline = _peak_memory_kb("index", "--checkpoint", small, "--out", tmp_path / "ix1", *data)
+    assert code == 2
+    code, stderr, peak = _peak_memory_kb("index", "--checkpoint", wide, "--out", tmp_path / "ix2", *data)
+    assert code == 2 and stderr.strip().splitlines() == [
+        f"Error: {wide}: model.{_first_weight(torch.load(best, weights_only=True))} has shape (32,1,3,3), "
+        "the architecture needs (4096,1,3,3)"
+    ], stderr
+    assert peak < baseline + 400 * 1024, (peak, baseline)  # the real model would be 1.2 GB more
+    assert not (tmp_path / "ix2").exists()
+
+
+@pytest.mark.parametrize(
+    "widths, shown",
+    [
+        ("[0]", "got [0]"),  # J3: an internal error from the convolution ("expected weight to be at least 1")
+        ("abc", "got 'abc'"),  # J9a: "not all arguments converted during string formatting"
+        ("[65536,65536]", "got [65536, 65536]"),  # J1: a 154 GB weight was allocated
+    ],
+    ids=["zero", "text", "huge"],
+)
+def test_train_refuses_receipt_cnn_widths_it_cannot_build(trained, tmp_path, widths, shown):
+    """Attack round 19 J1, J3, J9a: model.params.widths is checked before anything is built: 1 to 16 whole
+    numbers from 1 to 4096, the key and the bad value named in one line (exit 2)."""
+    from conftest import TINY_TRAINING
+
+    sets = [item for setting in [*TINY_TRAINING, f"model.params.widths={widths}"] for item in ("--set", setting)]
+    result = run_cli("train", "--data", trained / "dataset", "--out", tmp_path / "run", *sets, "-q")
+    _one_clean_error(
+        result,
+        "encoder 'receipt_cnn' (from plugin 'builtin.encoders'): model.params.widths must be a list of 1 to 16 "
+        f"whole numbers from 1 to 4096 (channels per stage), {shown}",
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 # ---- mathtext and markup in metadata ------------------------------------------------------
 
 

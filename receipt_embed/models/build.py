@@ -6,19 +6,42 @@ lives with the models rather than in the training loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from receipt_embed.config import Config
+from receipt_embed.display import shortened
 from receipt_embed.kinds import KINDS
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
 from receipt_embed.registry import ComponentError, plugin_errors
 
 MAX_HEAD_PARAMETERS = 2**28  # about 1 GiB of float32: far beyond any receipt model, within this machine
+# 2 GiB of float32; the largest built-in backbone (convnext_tiny) has 28 million. Counted on torch's meta
+# device before anything is allocated: a checkpoint's model.params could otherwise ask for tens of GB
+MAX_ENCODER_PARAMETERS = 2**29
 
 
-def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embedder:
+def build_model(
+    config: Config, registry, from_checkpoint: bool = False, weights_fit: Callable[[dict], None] | None = None
+) -> Embedder:
     """Encoder plugin + projection head, as the config describes them. ``from_checkpoint``:
-    the weights come from a checkpoint, so ``model.pretrained`` is never fetched or read."""
+    the weights come from a checkpoint, so ``model.pretrained`` is never fetched or read.
+
+    The model is first built on torch's meta device (shapes only, no memory) to count its weights
+    and, with ``weights_fit``, to compare a checkpoint's tensors with its state dict, so a model too
+    large or not the checkpoint's is refused before it takes any memory."""
+    sketch = _sketch(config, registry)
+    if sketch is not None and weights_fit is not None:
+        weights_fit(sketch.state_dict())
+    encoder = _build_encoder(config, registry, from_checkpoint)
+    _check_head_size(encoder, config)
+    model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
+    set_batchnorm_momentum(model, config.model.bn_momentum)
+    return model
+
+
+def _build_encoder(config: Config, registry, from_checkpoint: bool) -> torch.nn.Module:
     spec = KINDS["encoder"]
     framework = spec.framework_arguments(config, **({"pretrained": None} if from_checkpoint else {}))
     encoder = registry.create_with("encoder", spec.selected(config), framework, spec.params(config))
@@ -29,6 +52,32 @@ def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embe
             f"{type(encoder).__name__} that is not a torch.nn.Module with an integer feature_dim "
             "(see docs/plugins.md)"
         )
+    return encoder
+
+
+def _sketch(config: Config, registry) -> Embedder | None:
+    """The model on the meta device, its size checked; None when the encoder cannot be built there
+    (a plugin that computes with real values while it builds): the real build then goes unchecked
+    and names whatever else is wrong, as a bad parameter or an unknown encoder is named there too."""
+    try:
+        with torch.device("meta"):
+            encoder = _build_encoder(config, registry, from_checkpoint=True)  # no weights to fetch for shapes
+    except (ComponentError, OSError):
+        return None
+    weights = sum(t.numel() for t in (*encoder.parameters(), *encoder.buffers()))
+    if weights > MAX_ENCODER_PARAMETERS:
+        plugin = registry.get("encoder", config.model.encoder).plugin
+        raise ComponentError(
+            f"encoder {config.model.encoder!r} (from plugin {plugin!r}) would have {weights:,} weights with "
+            f"model.params {shortened(dict(config.model.params))}, over the limit of {MAX_ENCODER_PARAMETERS:,} "
+            "(2 GiB of float32): ask for a smaller encoder in model.params"
+        )
+    _check_head_size(encoder, config)
+    with torch.device("meta"):
+        return Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
+
+
+def _check_head_size(encoder: torch.nn.Module, config: Config) -> None:
     head = encoder.feature_dim * config.model.head_hidden + config.model.head_hidden * config.model.head_dim
     if head > MAX_HEAD_PARAMETERS:  # each size may be in bounds and their product still not fit in memory
         raise ComponentError(
@@ -36,9 +85,6 @@ def build_model(config: Config, registry, from_checkpoint: bool = False) -> Embe
             f"{config.model.encoder!r} x model.head_hidden {config.model.head_hidden}, then x model.head_dim "
             f"{config.model.head_dim}), over the limit of {MAX_HEAD_PARAMETERS:,}: lower model.head_hidden or model.grid"
         )
-    model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
-    set_batchnorm_momentum(model, config.model.bn_momentum)
-    return model
 
 
 @torch.no_grad()

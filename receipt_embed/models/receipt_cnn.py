@@ -15,7 +15,25 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
+
+# the default is 32 ... 128 channels in 5 stages; one 3x3 convolution of 4096 to 4096 channels is already
+# 150 million weights, and a checkpoint asking for 20000 made index allocate tens of GB before any check
+MAX_WIDTH = 4096
+MAX_STAGES = 16
+
+
+def _check_widths(widths) -> tuple[int, ...]:
+    """``model.params.widths``: 1 to MAX_STAGES whole channel counts in 1..MAX_WIDTH, named when not."""
+    fits = isinstance(widths, (list, tuple)) and 1 <= len(widths) <= MAX_STAGES
+    if not fits or any(type(width) is not int or not 1 <= width <= MAX_WIDTH for width in widths):
+        shown = quoted(shortened(widths)) if isinstance(widths, str) else shortened(widths)
+        raise BadInput(
+            f"model.params.widths must be a list of 1 to {MAX_STAGES} whole numbers from 1 to {MAX_WIDTH} "
+            f"(channels per stage), got {shown}"
+        )
+    return tuple(widths)
 
 
 def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
@@ -45,6 +63,7 @@ class ReceiptCNN(nn.Module):
             state = read_weights_file(Path(pretrained))  # a text file or a .npy is one line naming it
         if pooling not in ("gap", "grid"):
             raise BadInput(f"pooling must be 'gap' or 'grid', got {pooling!r}")
+        widths = _check_widths(widths)
         layers, cin = [], in_channels
         for i, width in enumerate(widths):
             layers.append(_conv(cin, width, 2))

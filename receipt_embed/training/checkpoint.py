@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from pathlib import Path
 
 import torch
 
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_open
 from receipt_embed.userfiles import UnusableFile, open_regular
@@ -36,7 +38,9 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
 def _torch_load(path: Path, handle) -> object:
     """``torch.load`` (weights only) from an open handle; any failure is a CheckpointError."""
     try:
-        return torch.load(handle, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch notes it validates a sparse tensor; one is refused by name below
+            warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+            return torch.load(handle, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for damaged archives; none may escape as a crash
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in reason or "Weights only load failed" in reason:
@@ -59,8 +63,11 @@ def load_checkpoint(path: str | Path) -> dict:
             raise CheckpointError(f"{path} is not a checkpoint: {what}")
         handle.seek(0)
         state = _torch_load(path, handle)
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} is not a receipt-embed checkpoint (format version {FORMAT_VERSION})")
+    # type, not ==: True == 1, and a bool is no format version
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if type(version) is not int or version != FORMAT_VERSION:
+        found = f"; its format_version is {shortened(repr(version))}" if version is not None else ""
+        raise CheckpointError(f"{path} is not a receipt-embed checkpoint (format version {FORMAT_VERSION}{found})")
     check_contents(state, path)
     return state
 
@@ -79,7 +86,30 @@ def _check_tensor_dict(value, key: str, path) -> None:
     for name, tensor in value.items():
         if not isinstance(name, str) or not torch.is_tensor(tensor):
             raise CheckpointError(f"{path}: {key}.{name} is {_type_name(tensor)}, not a tensor")
+        _check_dense(tensor, f"{key}.{name}", path)
         _check_finite(tensor, f"{key}.{name}", path)
+        if name.endswith("running_var"):
+            _check_variance(tensor, f"{key}.{name}", path)
+
+
+def _check_dense(tensor: torch.Tensor, name: str, path) -> None:
+    """``train`` writes dense CPU tensors; a sparse one fails in torch's value checks ("Could not run
+    'aten::ne.Scalar' ... 'SparseCPU'") and a meta one has no values at all: name the key instead."""
+    if tensor.layout != torch.strided:
+        layout = str(tensor.layout).removeprefix("torch.")
+        kind = f"a sparse tensor ({layout})" if layout.startswith("sparse") else f"a {layout} tensor"
+        raise CheckpointError(f"{path}: {name} is {kind}, the architecture needs a dense one")
+    if tensor.device.type != "cpu":  # map_location="cpu" moves every real device; a meta tensor stays
+        raise CheckpointError(
+            f"{path}: {name} is a tensor on the {tensor.device.type} device, which holds no values; "
+            "the checkpoint is corrupt"
+        )
+
+
+def _check_variance(tensor: torch.Tensor, name: str, path) -> None:
+    """A BatchNorm variance below 0 makes every embedding NaN, which then reads as the images' fault."""
+    if tensor.is_floating_point() and tensor.numel() and bool((tensor < 0).any()):
+        raise CheckpointError(f"{path}: {name} holds negative values; the checkpoint is corrupt")
 
 
 # trained weights stay many orders of magnitude below this; a flipped exponent bit does not
@@ -214,7 +244,16 @@ def _shape(tensor) -> str:
 def load_weights(module: torch.nn.Module, weights: dict, path, key: str = "model") -> None:
     """``module.load_state_dict`` after naming the first key or shape that does not fit, e.g.
     "model.encoder.conv1.weight has shape (8,1,3,3), the architecture needs (16,1,3,3)"."""
-    wanted = module.state_dict()
+    check_weights_fit(module.state_dict(), weights, path, key)
+    try:
+        module.load_state_dict(weights)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {key} cannot be loaded: {str(exc).strip().splitlines()[0]}") from None
+
+
+def check_weights_fit(wanted: dict, weights: dict, path, key: str = "model") -> None:
+    """Every key, shape and dtype of ``weights`` against ``wanted`` (a state dict, which may be on
+    torch's meta device: then a mismatch is named before the model takes any memory)."""
     for name, tensor in wanted.items():
         if name not in weights:
             raise CheckpointError(f"{path}: {key}.{name} is missing; the checkpoint is from another architecture")
@@ -232,7 +271,3 @@ def load_weights(module: torch.nn.Module, weights: dict, path, key: str = "model
         raise CheckpointError(
             f"{path}: {key}.{extra[0]} is not part of the architecture ({len(extra)} unexpected keys)"
         )
-    try:
-        module.load_state_dict(weights)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: {key} cannot be loaded: {str(exc).strip().splitlines()[0]}") from None

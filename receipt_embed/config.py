@@ -262,12 +262,13 @@ def _explain(error: dict) -> str:
     return f"config key '{key}': {error['msg']} (got {shortened(repr(error.get('input')))})"
 
 
-def _refuse_aliases(text: str, path: Path | None, where: str | None = None) -> None:
+def _refuse_aliases(text: str, path: Path | None, where: str | None = None, depth: int = 0) -> None:
     """A config never needs YAML aliases, and a few nested ones ("billion laughs") expand into
     more nodes than memory holds once OmegaConf copies the shared references; refuse any. The
     parse is event by event, so a value nested 40,000 deep is refused, not a RecursionError.
-    ``where`` names the text when it is not a file (an override)."""
-    depth, nodes = 0, 0
+    ``where`` names the text when it is not a file (an override); ``depth`` is how deep the
+    text sits already (the levels of an override's key path)."""
+    nodes = 0
 
     def at(event) -> str:
         return where or f"config file {path}, line {event.start_mark.line + 1}"
@@ -389,6 +390,11 @@ def _load_yaml(path: Path) -> dict:
     return data
 
 
+def key_levels(key: str) -> int:
+    """How many levels ``key.path`` (or ``list[0]``) nests its value, as a config file would."""
+    return key.count(".") + key.count("[") + 1
+
+
 def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
     """One config layer per ``key.path=value``; ``flag`` is the option that gave them, for messages."""
     layers = []
@@ -396,8 +402,13 @@ def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise ConfigError(f"{flag} expects key.path=value, got '{shortened(item)}'")
         where = f"{flag} '{shortened(item)}'"
+        levels = key_levels(item.split("=", 1)[0])
+        if levels > MAX_CONFIG_DEPTH:  # the config library nests a key path by recursion: 5000 parts crash it
+            raise ConfigError(
+                f"{where}: the key path is nested more than {MAX_CONFIG_DEPTH} levels deep; a config never needs that"
+            )
         try:
-            _refuse_aliases(item.split("=", 1)[1], None, where)
+            _refuse_aliases(item.split("=", 1)[1], None, where, depth=levels)
             value = yaml.compose(item.split("=", 1)[1], Loader=yaml.SafeLoader)
         except yaml.YAMLError:  # the config library's own parser says what is wrong below
             value = None
@@ -454,6 +465,43 @@ def _container_clash(layers: list, sources: Sequence[str]) -> str | None:
     return None
 
 
+def _given_value(key: str, layers: list):
+    """The value of ``key`` (dotted; a list element by its index) as the last layer giving it wrote
+    it, interpolations unresolved; ``_MISSING`` if none gives it."""
+    for layer in reversed(layers):
+        node = OmegaConf.to_container(layer, resolve=False)
+        for part in key.split("."):
+            if isinstance(node, dict):
+                node = node.get(part, _MISSING)
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                node = _MISSING
+        if node is not _MISSING:
+            return node
+    return _MISSING
+
+
+_NUMBER_OR_SWITCH = re.compile(r"\s*([-+]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?|true|false|True|False)\s*\Z")
+_TYPE_ERRORS = {"int_type", "bool_type", "value_error"}  # the strict types (and train.epochs) refuse text
+
+
+def _text_not_a_number(error: dict, layers: list) -> str:
+    """Why a number or switch given as text (a quoted ``"3"``, or ``${oc.env:NAME,3}``, whose
+    default the config library gives as the text '3') is refused, with the fix; or ""."""
+    given = error.get("input")
+    if error["type"] not in _TYPE_ERRORS or not isinstance(given, str) or not _NUMBER_OR_SWITCH.match(given):
+        return ""
+    kind = "boolean" if given.strip().lower() in ("true", "false") else "number"
+    raw = _given_value(".".join(str(part) for part in error["loc"]), layers)
+    if isinstance(raw, str) and "${" in raw:
+        return (
+            f"; the value is the text {shortened(repr(given))} (interpolations such as oc.env give text), not a "
+            f"{kind}: write ${{oc.decode:{shortened(raw)}}} to read it as one, or an unquoted {kind}"
+        )
+    return f"; the value is the text {shortened(repr(given))} (it is quoted), not a {kind}: write it unquoted"
+
+
 def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
     try:
         merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
@@ -479,7 +527,7 @@ def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
     except ValidationError as exc:
         explained = []
         for error in exc.errors():
-            line = _explain(error)
+            line = _explain(error) + _text_not_a_number(error, layers)
             key = ".".join(str(part) for part in error["loc"])
             source = _source_of(key, layers, sources) if len(sources) == len(layers) else None
             if source and source.startswith("config file"):  # which file to fix (a --set names itself)

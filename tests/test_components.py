@@ -131,6 +131,10 @@ def test_shrinking_onto_a_background_keeps_the_whole_page_smaller_in_the_frame()
         ShrinkOntoBackground((0.05, 1.0))
     with pytest.raises(ValueError, match=r"min_page_scale must be in \[0.1, 1\], got 1.5"):
         REGISTRY.create("augmentation", "capture", image_size=(64, 32), min_page_scale=1.5)
+    for scale in (-5, 0, 2):  # attack round 19 J9: albumentations' pydantic error named its own `scale`
+        with pytest.raises(ValueError) as info:
+            REGISTRY.create("augmentation", "capture", image_size=(64, 32), min_crop_scale=scale)
+        assert str(info.value).endswith(f"augment.params.min_crop_scale must be in (0, 1], got {scale}"), info.value
     with pytest.raises(ValueError, match=r"max_perspective must be in \[0.02, 0.3\], got 0.5"):
         REGISTRY.create("augmentation", "capture", image_size=(64, 32), max_perspective=0.5)
     steps = REGISTRY.create("augmentation", "capture", image_size=(64, 32), min_page_scale=0.6).transforms

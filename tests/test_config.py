@@ -256,10 +256,18 @@ def test_a_number_yaml_reads_as_another_is_refused_in_files_and_overrides(tmp_pa
 @pytest.mark.parametrize(
     "override,message",
     [
-        ('train.batch_size="32"', "'train.batch_size': Input should be a valid integer (got '32')"),
+        (
+            'train.batch_size="32"',
+            "'train.batch_size': Input should be a valid integer (got '32'); the value is the text '32' (it is "
+            "quoted), not a number: write it unquoted",
+        ),
         ("train.batch_size=true", "'train.batch_size': Input should be a valid integer (got True)"),
         ("train.bn_recalibrate=2.5", "'train.bn_recalibrate': Input should be a valid integer (got 2.5)"),
-        ('train.epochs="3"', "'train.epochs': a positive whole number of epochs, or auto, got '3'"),
+        (
+            'train.epochs="3"',
+            "'train.epochs': a positive whole number of epochs, or auto, got '3'; the value is the text '3' (it is "
+            "quoted), not a number: write it unquoted",
+        ),
         ("train.deterministic=1", "'train.deterministic': Input should be a valid boolean (got 1)"),
         ("train.lr=true", "'train.lr': a number, got the boolean true"),
         ("loss.temperature=false", "'loss.temperature': a number, got the boolean false"),
@@ -288,6 +296,76 @@ def test_an_override_nested_without_end_or_with_aliases_is_refused_like_a_file(v
         if "&x" not in value
         else "YAML aliases (*x) are not allowed in a config; write the values out"
     )
+
+
+@pytest.mark.parametrize("parts", [33, 5000, 20000])
+def test_a_key_path_nested_too_deep_is_refused_like_a_deep_value(parts):
+    """Attack round 19 J4: a --set key path 5000 levels deep was an internal RecursionError and one 200
+    deep was taken, while a config file or --set value nested over 32 levels is refused."""
+    key = "model.params." + ".".join(["a"] * (parts - 2))
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"{key}=1"])
+    message = str(info.value)
+    assert message.startswith("--set 'model.params.a.a.") and len(message) < 400, message
+    assert message.endswith("the key path is nested more than 32 levels deep; a config never needs that")
+
+
+def test_a_key_path_and_its_value_count_together_towards_the_depth_limit():
+    """Attack round 19 J4: as in a config file, where the key path's levels are mappings too."""
+    key = "model.params." + ".".join(["a"] * 30)  # 32 levels, as deep as a config file may nest
+    assert load_config(overrides=[f"{key}=1"]).model.params["a"]["a"]
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"{key}=[1]"])
+    assert str(info.value).endswith(": nested more than 32 levels deep; a config never needs that")
+
+
+def test_a_sweep_key_path_nested_too_deep_is_refused_before_run_names_are_made():
+    """Attack round 19 J4: the --sweep key got no depth check either (and its run dir names, cut
+    at 200 characters, then read as two values sharing one dir)."""
+    from receipt_embed.training.sweep import parse_sweep
+
+    with pytest.raises(ConfigError) as info:
+        parse_sweep("model.params." + ".".join(["a"] * 5000) + "=1,2")
+    assert str(info.value).endswith("the key path is nested more than 32 levels deep; a config never needs that")
+    assert str(info.value).startswith("--sweep 'model.params.a.a.")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "train.epochs=${oc.env:RECEIPT_EMBED_UNSET_FOR_TEST,3}",
+            "config key 'train.epochs': a positive whole number of epochs, or auto, got '3'; the value is the "
+            "text '3' (interpolations such as oc.env give text), not a number: write "
+            "${oc.decode:${oc.env:RECEIPT_EMBED_UNSET_FOR_TEST,3}} to read it as one, or an unquoted number",
+        ),
+        (
+            "train.batch_size=${oc.env:RECEIPT_EMBED_UNSET_FOR_TEST,8}",
+            "config key 'train.batch_size': Input should be a valid integer (got '8'); the value is the text '8' "
+            "(interpolations such as oc.env give text), not a number: write "
+            "${oc.decode:${oc.env:RECEIPT_EMBED_UNSET_FOR_TEST,8}} to read it as one, or an unquoted number",
+        ),
+        (
+            'data.image_size=["64",32]',
+            "config key 'data.image_size.0': Input should be a valid integer (got '64'); the value is the text "
+            "'64' (it is quoted), not a number: write it unquoted",
+        ),
+        (
+            'data.grayscale="true"',
+            "config key 'data.grayscale': Input should be a valid boolean (got 'true'); the value is the text "
+            "'true' (it is quoted), not a boolean: write it unquoted",
+        ),
+        ("train.epochs=abc", "config key 'train.epochs': a positive whole number of epochs, or auto, got 'abc'"),
+    ],
+)
+def test_a_number_given_as_text_says_it_is_text_and_how_to_give_a_number(override, message):
+    """Attack round 19 J10: `train.epochs=${oc.env:NOPE,3}` said "a positive whole number ... got '3'",
+    as if 3 were invalid: the config library gives an interpolation's default as the text '3'."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert str(info.value) == message
+    decoded = "train.epochs=${oc.decode:${oc.env:RECEIPT_EMBED_UNSET_FOR_TEST,3}}"
+    assert load_config(overrides=[decoded]).train.epochs == 3
 
 
 def test_an_interpolation_that_cannot_resolve_names_its_key_and_where_it_came_from(tmp_path):

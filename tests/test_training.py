@@ -371,6 +371,33 @@ def test_a_second_sweep_equal_values_and_list_values_are_refused_before_anything
         assert not (tmp_path / "sweep").exists()
 
 
+def test_a_sweep_over_a_key_no_value_can_change_is_refused_before_anything_trains(cli, dataset, tmp_path):
+    """Attack round 19 J6: `--sweep plugins.dir=A,B` trained every value with the plugins loaded once up
+    front, recorded each value's folder in its run's config.yaml (a later --resume would import it) and
+    selected a winner. Keys the runs share, and a value naming a missing component, are refused first."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "evil.py").write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w').close()\n")
+    sets = [item for key in [*TINY, "train.epochs=1"] for item in ("--set", key)]
+    shared = (
+        "plugins are loaded once, before the first value trains, so every run would use the same ones; give the "
+        "folder with --set or --plugins-dir and sweep another key"
+    )
+    cases = {
+        f"plugins.dir={tmp_path},{evil}": f"plugins.dir cannot differ between the runs of a sweep: {shared}",
+        "plugins.strict=true,false": f"plugins.strict cannot differ between the runs of a sweep: {shared}",
+        "ingest.seed=1,2": "ingest.seed cannot differ between the runs of a sweep: train uses a dataset split once",
+        "model.encoder=receipt_cnn,nope": "unknown encoder 'nope'. Available: ",
+    }
+    for spec, message in cases.items():
+        result = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, "--sweep", spec)
+        assert result.returncode == 2, result.stdout + result.stderr
+        where = spec if "encoder" not in spec else "model.encoder=nope"
+        assert result.stderr.startswith(f"Error: --sweep '{where}': {message}"), result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert not (tmp_path / "sweep").exists() and not (tmp_path / "PWNED").exists()
+
+
 def test_bf16_autocast_trains_with_float32_weights(dataset, tmp_path):
     config = load_config(overrides=[*TINY, "train.epochs=1", "train.precision=bf16"])
     result = train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)

@@ -106,6 +106,9 @@ def build_capture(
     a low-resolution capture, and a curled page."""
     if not 0.0 <= strength <= 1.0:
         raise BadInput(f"augment strength must be in [0, 1], got {strength}")
+    # the share of the page a crop keeps at least; albumentations' own check names it `scale`
+    if not 0.0 < min_crop_scale <= 1.0:
+        raise BadInput(f"augment.params.min_crop_scale must be in (0, 1], got {min_crop_scale}")
     if not 0.1 <= min_page_scale <= 1.0:
         raise BadInput(f"augment min_page_scale must be in [0.1, 1], got {min_page_scale}")
     if not 0.02 <= max_perspective <= 0.3:

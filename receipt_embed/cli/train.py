@@ -133,6 +133,13 @@ def train(ctx, data_dir, out_dir, resume, sweeps, quiet, nproc, force, config_fi
             "a sweep trains once per value of one key: give one --sweep"
         )
     sweep = sweeps[0] if sweeps else None
+    if sweep is not None:  # a spec it refuses, before the config is read or anything is ingested or trained
+        from receipt_embed.training.sweep import parse_sweep
+
+        try:
+            parse_sweep(sweep)
+        except BadInput as exc:
+            raise InputError(str(exc)) from None
     from receipt_embed.distributed import env_context, rendezvous_timeout
 
     try:  # a bad or stray torch.distributed variable is one line naming it, before anything starts

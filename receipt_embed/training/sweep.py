@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from receipt_embed.config import ConfigError, config_with
+from receipt_embed.config import MAX_CONFIG_DEPTH, ConfigError, config_with, key_levels
 from receipt_embed.display import quoted, shortened
 from receipt_embed.fileio import atomic_write_json
 from receipt_embed.training.resume import open_run
@@ -18,6 +18,19 @@ from receipt_embed.training.rundir import check_run_out
 from receipt_embed.training.trainer import TrainingInterrupted, train
 
 SWEEP_FILE = "sweep.json"
+
+# keys every run of a sweep shares, whatever the value: read once, before the first value trains
+UNSWEPT_KEYS = {
+    "plugins": (
+        "plugins are loaded once, before the first value trains, so every run would use the same ones; "
+        "give the folder with --set or --plugins-dir and sweep another key"
+    ),
+    **dict.fromkeys(
+        ("ingest.split_ratios", "ingest.seed", "ingest.allow_absolute_paths", "ingest.merge_duplicates"),
+        "train uses a dataset split once (by `ingest`, or by train itself before the first value), so every "
+        "run would use the same one; ingest once per value and train on each dataset dir",
+    ),
+}
 
 
 def parse_sweep(spec: str) -> tuple[str, list[str]]:
@@ -32,6 +45,12 @@ def parse_sweep(spec: str) -> tuple[str, list[str]]:
     values = [v.strip() for v in raw.split(",") if v.strip()]
     if not key.strip() or len(values) < 2:
         raise ConfigError(f"--sweep expects key=value1,value2[,...], got {quoted(spec)}")
+    if key_levels(key) > MAX_CONFIG_DEPTH:  # as --set refuses it (the config library recurses on each part)
+        raise ConfigError(
+            f"--sweep {quoted(shortened(spec))}: the key path is nested more than {MAX_CONFIG_DEPTH} levels deep; "
+            "a config never needs that"
+        )
+    _refuse_shared_key(key.strip(), spec)
     seen: set[str] = set()
     for value in values:
         if value in seen:
@@ -46,6 +65,16 @@ def parse_sweep(spec: str) -> tuple[str, list[str]]:
             f"would share the run dir {clash}; give values that differ in letters or digits"
         )
     return key.strip(), values
+
+
+def _refuse_shared_key(key: str, spec: str) -> None:
+    """A key no value can change (``plugins.dir``) would train the same run once per value, record a
+    different value in each run's config.yaml and still select a winner: refused up front."""
+    for shared, why in UNSWEPT_KEYS.items():
+        if key == shared or key.startswith(f"{shared}."):
+            raise ConfigError(
+                f"--sweep {quoted(shortened(spec))}: {shortened(key)} cannot differ between the runs of a sweep: {why}"
+            )
 
 
 def run_name(key: str, value: str) -> str:
@@ -81,6 +110,8 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     key, values = parse_sweep(spec)
     configs = [_swept(config, key, value) for value in values]  # validate all first
     _refuse_equal_values(key, values, configs)
+    for value, swept in zip(values, configs):
+        _check_components(swept, registry, key, value)
     out_dir = Path(out_dir)
     for value in values:  # and refuse an existing run of any value before the first one trains
         check_run_out(out_dir / run_name(key, value))
@@ -139,6 +170,22 @@ def _swept(config, key: str, value: str):
     except ConfigError as exc:
         where = f"--sweep '{shortened(f'{key}={value}')}'"
         raise ConfigError(str(exc) if where in str(exc) else f"{where}: {exc}") from None
+
+
+def _check_components(config, registry, key: str, value: str) -> None:
+    """Every component a value selects exists (``model.encoder=receipt_cnn,typo``): the command
+    line checks the config the sweep starts from, not each value, before the first one trains."""
+    from receipt_embed.kinds import CONFIGURED
+    from receipt_embed.registry import ComponentError
+    from receipt_embed.sampling import AUTO
+
+    for spec in CONFIGURED:
+        if spec.name == "sampler" and spec.selected(config) == AUTO:  # resolved from the loss when built
+            continue
+        try:
+            registry.get(spec.name, spec.selected(config))
+        except ComponentError as exc:
+            raise ConfigError(f"--sweep '{shortened(f'{key}={value}')}': {exc}") from None
 
 
 def _refuse_equal_values(key: str, values: list[str], configs: list) -> None:

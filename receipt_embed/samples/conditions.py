@@ -67,9 +67,7 @@ def cast_shadow(shape: tuple[int, int], strength: float, rng: np.random.Generato
     return 1 - strength * inside
 
 
-def screenshot(
-    frame: Image.Image, rng: np.random.Generator
-) -> tuple[Image.Image, tuple[int, int, float, float]]:
+def screenshot(frame: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, tuple[int, int, float, float]]:
     """``frame`` as a phone screenshot of it: the same size, the photo shrunk onto a dark
     screen between a status bar and a navigation bar. Also returns where the photo went:
     (left, top, x scale, y scale)."""

@@ -696,6 +696,49 @@ def test_listing_scan_ids_split_and_field_names_are_kept_as_given_or_refused_nam
         assert not (tmp_path / "o2").exists()
 
 
+def test_listing_merchant_device_and_receipt_id_are_kept_never_dropped(tmp_path):
+    """Attack round 19 J5: a receipts.jsonl line with both `merchant` and `company` lost the
+    user's merchant without a word (company was written as merchant); a lone `merchant`, and
+    `device` or `receipt_id` fields, were dropped the same way."""
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    for index in range(3):
+        render_receipt(make_receipt(5, index)).save(folder / f"s{index}.png")
+    rows = [
+        {"path": "s0.png", "merchant": "m1", "company": "c"},
+        {"path": "s1.png", "merchant": "m2", "device": "pixel", "receipt_id": "R9"},
+        {"path": "s2.png"},
+    ]
+    (folder / "receipts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out, data = tmp_path / "out", tmp_path / "data"
+    runner = CliRunner()
+    made = runner.invoke(main, ["make-samples", "--out", str(out), "--from-scans", str(folder), "--devices", "1"])
+    assert made.exit_code == 0, made.output
+    assert (
+        "field(s) device, merchant, receipt_id are written by make-samples itself (merchant from company, "
+        "receipt_id and device for each capture); the manifest keeps them as device_given, merchant_given, "
+        "receipt_id_given"
+    ) in made.stderr, made.stderr
+    columns, written = read_manifest(out / "manifest.csv")
+    assert columns == [*MANIFEST_COLUMNS, "merchant_given", "device_given", "receipt_id_given"]
+    assert [(r["receipt_id"], r["device"], r["merchant"], r["merchant_given"]) for r in written] == [
+        ("s0", "phone_a", "c", "m1"),
+        ("s1", "phone_a", "m2", ""),  # no company: the listing's merchant is the merchant
+        ("s2", "phone_a", "", ""),
+    ]
+    assert [(r["device_given"], r["receipt_id_given"]) for r in written] == [("", ""), ("pixel", "R9"), ("", "")]
+    ingested = runner.invoke(main, ["ingest", str(out), "--out", str(data), "--quiet"])
+    assert ingested.exit_code == 0, ingested.output
+
+    (folder / "receipts.jsonl").write_text(json.dumps(rows[0] | {"merchant_given": "x"}) + "\n")
+    clash = runner.invoke(main, ["make-samples", "--out", str(tmp_path / "o2"), "--from-scans", str(folder)])
+    assert clash.exit_code == 2 and not (tmp_path / "o2").exists()
+    assert clash.stderr.strip() == (
+        f"Error: {folder / 'receipts.jsonl'}, line 1: fields 'merchant' and 'merchant_given' both given; "
+        "'merchant' is written by make-samples itself and would be kept as 'merchant_given': drop or rename one of them"
+    ), clash.stderr
+
+
 @pytest.mark.parametrize("name", ["phone_a", "phone_shadow", "screenshot", "scanner"])
 def test_capture_with_page_box_gives_where_the_paper_lies(name):
     """The true page box (the page detector's ground truth): the capture is paper inside it

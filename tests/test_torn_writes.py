@@ -357,6 +357,50 @@ def test_resume_after_a_killed_force_run_uses_the_restored_runs_data(tmp_path, t
     assert not list(tmp_path.glob(".run.old-*"))
 
 
+def test_a_checkpoint_set_aside_by_a_killed_force_run_is_named_with_how_to_put_it_back(tmp_path, trained):
+    """Attack round 19 J7: after `demo --force` was killed between setting the old run aside and the
+    new run's first checkpoint, `search OUT/index` said "pass --checkpoint PATH if it moved" (nothing
+    moved it) and `index --checkpoint` said only "does not exist"; both name the set-aside run and how
+    to put it back, and that advice works."""
+    from test_overwrite import _dead_pid
+
+    from receipt_embed.indexing import index_dataset
+    from receipt_embed.training.checkpoint import CheckpointError, load_checkpoint
+    from receipt_embed.training.replacement import set_aside
+
+    out = tmp_path / "demo"
+    run, index, best = out / "run", out / "index", out / "run" / "checkpoints" / "best.pt"
+    shutil.copytree(trained[0], out / "dataset")
+    shutil.copytree(trained[1], run)
+    index_dataset(best, out / "dataset", index, builtin_registry())
+    before = tree_digest(run)
+    aside = out / f".run.old-{_dead_pid()}"
+    os.rename(set_aside(run), aside)  # as a killed writer's would be, with the new run's first files
+    shutil.copy(aside / "config.yaml", run / "config.yaml")
+    shutil.copy(aside / "data.json", run / "data.json")
+    advice = (
+        f"the run in {run} was set aside in {aside} by a `--force` run that was stopped before its first "
+        f"checkpoint: put it back with `receipt-embed train --out {run} --resume` (a finished run trains no "
+        f"further), or rerun the demo with `receipt-embed demo --out {out} --force`"
+    )
+    query = REPO / "data_samples" / "images" / "r0000_phone_a.jpg"
+    searched = run_cli("search", index, query, "--k", "1")
+    assert searched.returncode == 2 and searched.stderr == f"Error: checkpoint {best} not found: {advice}\n"
+    indexed = run_cli("index", "--checkpoint", best, "--data", out / "dataset", "--out", tmp_path / "ix2", "-q")
+    assert indexed.returncode == 2 and indexed.stderr == f"Error: --checkpoint: checkpoint {best} not found: {advice}\n"
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(best)
+    assert str(caught.value) == f"checkpoint not found: {best}: {advice}"
+
+    resumed = run_cli("train", "--out", run, "--resume", "-q")
+    assert resumed.returncode == 0 and "nothing to train" in resumed.stdout + resumed.stderr, resumed.stderr
+    kept = {name: digest for name, digest in tree_digest(run).items() if name.startswith("checkpoints")}
+    assert kept == {name: digest for name, digest in before.items() if name.startswith("checkpoints")}
+    assert not aside.exists()
+    searched = run_cli("search", index, query, "--k", "1")
+    assert searched.returncode == 0 and "[same file]" in searched.stdout, searched.stderr
+
+
 def test_a_killed_all_pairs_writer_leaves_a_temporary_file_the_next_one_removes(tmp_path):
     """Round 3 of the attack: the partial pairs file of a killed `search --all-pairs --out` stayed."""
     x, manifest = write_embeddings(tmp_path, "e", 12)

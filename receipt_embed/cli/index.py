@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import GivenPath, InputError, index_build_options, load_registry
+from receipt_embed.cli.options import CheckpointPath, GivenPath, InputError, index_build_options, load_registry
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -14,7 +14,7 @@ from receipt_embed.errors import BadInput
 @click.command()
 @click.option(
     "--checkpoint",
-    type=GivenPath(dir_okay=False, exists=True),
+    type=CheckpointPath(),
     default=None,
     help="Checkpoint to embed with, e.g. RUN_DIR/checkpoints/best.pt.",
 )

@@ -31,6 +31,25 @@ def refuse_empty(value, param: click.Parameter | None) -> None:
         raise InputError(f"{'a value of ' if several else ''}{param_name(param)} is empty (an unset shell variable?)")
 
 
+class CheckpointPath(GivenPath):
+    """An existing checkpoint file; one missing because an interrupted ``--force`` run set its run
+    aside is named there, with how to put that run back (click would only say "does not exist")."""
+
+    def __init__(self):
+        super().__init__(dir_okay=False, exists=True)
+
+    def convert(self, value, param, ctx):
+        import os
+
+        refuse_empty(value, param)
+        if isinstance(value, str) and "\0" not in value and not os.path.lexists(value):
+            from receipt_embed.training.replacement import set_aside_advice
+
+            if (advice := set_aside_advice(value)) is not None:
+                raise InputError(f"{param_name(param)}: checkpoint {value} not found: {advice}")
+        return super().convert(value, param, ctx)
+
+
 class ExistingPath(GivenPath):
     """``click.Path(exists=True)`` that names a symlink loop as one (click says "does not exist")."""
 

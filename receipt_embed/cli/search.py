@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry
+from receipt_embed.cli.options import CheckpointPath, FiniteFloatRange, GivenPath, InputError, load_registry
 from receipt_embed.display import printable, utf8_safe
 from receipt_embed.errors import BadInput
 
@@ -46,7 +46,7 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
     "--checkpoint",
-    type=GivenPath(dir_okay=False, exists=True),
+    type=CheckpointPath(),
     default=None,
     help="The index's checkpoint at a new location (its sha256 must match index.json).",
 )

@@ -80,7 +80,9 @@ def check_factory(factory: str, n: int, train_size: int | None, dim: int) -> Non
     (:func:`check_factory_sizes`), then whether FAISS can build it for ``dim`` at all, so a typo
     (``Flt``) is refused before the captures are embedded, not after."""
     check_factory_sizes(factory, n, train_size, dim)
-    new_index(dim, factory)  # an empty index: nothing is trained or added
+    index = new_index(dim, factory)  # an empty index: nothing is trained or added
+    if not index.is_trained:  # what FAISS's training will need, told before any capture is embedded
+        _refuse_too_few_to_train(index, factory, n if train_size is None else min(n, train_size), n)
 
 
 def _number(digits: str) -> int:
@@ -99,6 +101,14 @@ def _too_few_for_codebooks(factory: str, ksub: int, noun: str) -> IndexBuildErro
     return IndexBuildError(
         f"{shortened(factory)}: product quantization with {ksub}-entry codebooks needs at least "
         f"{ksub} training vectors, got {noun}; use Flat, HNSW32 or an SQ8 index"
+    )
+
+
+def _too_few_for_stage(factory: str, stage: str, need: int, why: str, noun: str, size: int, n: int) -> IndexBuildError:
+    more = "raise --train-size (or index more vectors)" if size < n else "index more vectors"
+    return IndexBuildError(
+        f"{shortened(factory)}: {stage} needs at least {need} training vectors ({why}), got {noun}; "
+        f"{more}, or use Flat, HNSW32 or an SQ8 index"
     )
 
 
@@ -194,7 +204,7 @@ def _parts(index) -> list:
             continue
         seen.add(id(part))
         parts.append(part)
-        for attr in ("base_index", "index"):
+        for attr in ("base_index", "index", "refine_index"):
             child = getattr(part, attr, None)
             if child is not None and hasattr(child, "ntotal"):
                 stack.append(child)
@@ -205,10 +215,82 @@ def _parts(index) -> list:
     return parts
 
 
+def _residual_quantizers(part) -> list:
+    """The residual quantizers of one index part: its RQ, or each split of its PRQ."""
+    import faiss
+
+    if getattr(part, "rq", None) is not None:
+        return [part.rq]
+    prq = getattr(part, "prq", None)
+    if prq is None:
+        return []
+    return [faiss.downcast_AdditiveQuantizer(prq.subquantizer(i)) for i in range(prq.nsplits)]
+
+
+def _training_needs(index):
+    """(stage, vectors needed, why) for each stage whose FAISS training needs more vectors than
+    the checks on lists and PQ codebooks know: residual quantizers (RQ, PRQ) train a k-means of
+    2**bits entries per codebook and, in their default progressive-dimension training, a PCA of
+    the (sub)vectors; a PCA (also ITQ's) needs one vector per output dimension; OPQ trains
+    256-entry PQ codebooks. FAISS says only "PCA matrix cannot output 1024 dimensions from 1024"
+    or "Number of training points (180) should be at least as large as number of clusters (256)"."""
+    import faiss
+
+    for part in _parts(index):
+        for rq in _residual_quantizers(part):
+            entries = 2 ** max(rq.nbits.at(i) for i in range(rq.M))
+            yield "its residual quantizer", entries, f"one per entry of its {entries}-entry codebooks"
+            if getattr(rq, "train_type", 0) & faiss.ResidualQuantizer.Train_progressive_dim:
+                yield "its residual quantizer", rq.d, f"one per dimension of the {rq.d}-dimensional vectors it codes"
+    for transform in _transforms(index):
+        if isinstance(transform, (faiss.PCAMatrix, faiss.ITQTransform)):
+            why = f"one per output dimension of its PCA to {transform.d_out}"
+            yield f"its {_stage_name(transform)} stage", transform.d_out, why
+        elif isinstance(transform, faiss.OPQMatrix) and transform.pq is None:
+            yield "its OPQ stage", 256, "it trains 256-entry PQ codebooks"
+
+
+def _transforms(index) -> list:
+    """The vector transforms (PCA, OPQ, ITQ, RR, ...) that the index's parts apply first, downcast."""
+    import faiss
+
+    found = []
+    for part in _parts(index):
+        chain = getattr(part, "chain", None)
+        found += [faiss.downcast_VectorTransform(chain.at(i)) for i in range(chain.size() if chain is not None else 0)]
+    return found
+
+
+def _stage_name(transform) -> str:
+    import faiss
+
+    return "PCA" if isinstance(transform, faiss.PCAMatrix) else "ITQ"
+
+
+def _refuse_too_few_to_train(index, factory: str, size: int, n: int) -> None:
+    """A PCA that would output more dimensions than it is given (FAISS fails only when training),
+    then the largest need of :func:`_training_needs` that ``size`` vectors cannot meet, in our terms."""
+    import faiss
+
+    for transform in _transforms(index):
+        if isinstance(transform, (faiss.PCAMatrix, faiss.ITQTransform)) and transform.d_out > transform.d_in:
+            raise IndexBuildError(
+                f"{shortened(factory)}: its {_stage_name(transform)} stage cannot output {transform.d_out} "
+                f"dimensions from {transform.d_in}: a PCA keeps at most as many as it is given; give it an "
+                f"output dim of at most {transform.d_in} (RR{transform.d_out} rotates into more)"
+            )
+    noun = f"{size} training vectors" + (f" (sampled from {n})" if size < n else "")
+    unmet = [(need, stage, why) for stage, need, why in _training_needs(index) if size < need]
+    if unmet:
+        need, stage, why = max(unmet)
+        raise _too_few_for_stage(factory, stage, need, why, noun, size, n)
+
+
 def _check_training_size(index, factory: str, size: int, n: int) -> None:
     """Clear errors for samples too small to train, our own warnings for thin ones (FAISS's
     C++ warnings, printed even with --quiet, are switched off)."""
     noun = f"{size} training vectors" + (f" (sampled from {n})" if size < n else "")
+    _refuse_too_few_to_train(index, factory, size, n)
     for part in _parts(index):
         nlist = getattr(part, "nlist", None)
         if isinstance(nlist, int) and hasattr(part, "cp"):
@@ -238,8 +320,18 @@ def _train(index, factory: str, vectors: np.ndarray, train_size: int | None, see
     rows = np.sort(np.random.default_rng(seed).choice(n, size, replace=False)) if size < n else slice(None)
     try:
         index.train(np.ascontiguousarray(vectors[rows]))
-    except RuntimeError as exc:
-        raise IndexBuildError(f"training {factory} failed on {size} vectors: {_faiss_reason(exc)}") from None
+    except RuntimeError as exc:  # a need of FAISS's that the checks above do not know: say what it had, and what helps
+        reason = _faiss_reason(exc)
+        if pca := re.fullmatch(r"PCA matrix cannot output (\d+) dimensions from \d+", reason):
+            reason = (
+                f"a PCA inside it got fewer than the {pca[1]} vectors it needs to output {pca[1]} dimensions ({reason})"
+            )
+        more = "raise --train-size (or index more vectors)" if size < n else "index more vectors"
+        raise IndexBuildError(
+            f"training {shortened(factory)} failed on {size} training vectors of dim {vectors.shape[1]}: "
+            f"{shortened(reason)}; if that is too few for one of its stages, {more}, use smaller codes, "
+            "or use Flat, HNSW32 or an SQ8 index"
+        ) from None
     return size
 
 

@@ -53,6 +53,10 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
                 f"checkpoint {exc}"
                 + ("" if override else f" ({index_dir.path} records it; pass --checkpoint PATH to use a copy)")
             ) from None
+        from receipt_embed.training.replacement import set_aside_advice
+
+        if (advice := set_aside_advice(path)) is not None:
+            raise IndexDirError(f"checkpoint {path} not found: {advice}") from None
         if override:
             raise IndexDirError(f"checkpoint {path} not found") from None
         raise IndexDirError(

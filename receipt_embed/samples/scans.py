@@ -3,7 +3,8 @@
 A scans folder holds image files directly, or lists them in a ``receipts.jsonl`` (one JSON
 object per scan: ``path`` relative to the folder, an optional ``scan_id``, and metadata such as
 ``company``, ``date`` and ``total``), as the SROIE subset does. Listed metadata goes into the
-set's manifest, ``company`` as ``merchant``, so an audit or a benchmark can tell a same-shop
+set's manifest, ``company`` as ``merchant`` (a ``merchant`` field is the merchant only without a
+``company``; with one it is kept as ``merchant_given``), so an audit or a benchmark can tell a same-shop
 sibling from the receipt itself. Byte-identical scans are one paper receipt: they share one
 receipt id (the first one's), so a true duplicate is never counted as a false alarm nor split
 between train and held-out.
@@ -30,14 +31,17 @@ SCAN_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".w
 MAX_LISTING_BYTES = 64 * 1024 * 1024
 MAX_SCAN_BYTES = 64 * 1024 * 1024
 MAX_NAME_BYTES = 200  # a scan's name becomes its captures' file names, NAME_DEVICE.jpg (255 bytes at most)
-# listing fields that are not carried as metadata: where the scan is, its id, the columns the set
-# writes itself, and the scan's size (ingest measures each capture's own; it names any other clash)
-_NOT_METADATA = {"path", "scan_id", "company", "receipt_id", "device", "merchant", "width", "height"}
+# listing fields that are not carried as metadata: where the scan is, its id, `company` (the
+# merchant), and the scan's size (ingest measures each capture's own; it names any other clash)
+_NOT_METADATA = {"path", "scan_id", "company", "width", "height"}
 # a listing field that ingest writes itself (sha256, bytes, line, ...) is kept under this suffix,
 # as ingest asks of a manifest: copied as it is, the set's own manifest would be refused; so is
 # `split`, which ingest assigns (a listing's would override that, or get rows of the set refused)
 GIVEN_SUFFIX = "_given"
 _WRITTEN_BY_INGEST = frozenset({*RESERVED_COLUMNS, "split"})
+# columns make-samples writes itself (merchant from `company`, receipt id and device per capture):
+# a listing's are kept under the suffix too, never dropped; a `merchant` without a `company` is the merchant
+_WRITTEN_BY_MAKE_SAMPLES = frozenset({"receipt_id", "device", "merchant"})
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,7 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
         raise BadInput(f"{listing}: {exc}") from None
     root = folder.resolve()
     scans = []
-    renamed: set[str] = set()
+    renamed: set[str] = set()  # fields kept as KEY_given
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -180,6 +184,9 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
             _check_field_name(key, where)
             if key in _NOT_METADATA:
                 continue
+            if key == "merchant" and row.get("company") is None:
+                metadata["merchant"] = _text(value, where, key)
+                continue
             column = _metadata_column(key, row, where)
             if column != key:
                 renamed.add(key)
@@ -187,10 +194,19 @@ def _listed_scans(folder: Path, listing: Path) -> list[Scan]:
         scans.append(Scan(path, name, name, metadata))
     if not scans:
         raise BadInput(f"{listing} lists no scans")
-    if renamed:
+    by_ingest = sorted(renamed & _WRITTEN_BY_INGEST)
+    if by_ingest:
         warnings.warn(
-            f"{listing}: field(s) {', '.join(sorted(renamed))} are written by ingest itself; "
-            f"the manifest keeps them as {', '.join(k + GIVEN_SUFFIX for k in sorted(renamed))}",
+            f"{listing}: field(s) {', '.join(by_ingest)} are written by ingest itself; "
+            f"the manifest keeps them as {', '.join(k + GIVEN_SUFFIX for k in by_ingest)}",
+            stacklevel=2,
+        )
+    by_make_samples = sorted(renamed & _WRITTEN_BY_MAKE_SAMPLES)
+    if by_make_samples:
+        warnings.warn(
+            f"{listing}: field(s) {', '.join(by_make_samples)} are written by make-samples itself (merchant "
+            "from company, receipt_id and device for each capture); the manifest keeps them as "
+            f"{', '.join(k + GIVEN_SUFFIX for k in by_make_samples)}",
             stacklevel=2,
         )
     return scans
@@ -231,14 +247,16 @@ def _check_field_name(key: str, where: str) -> None:
 
 def _metadata_column(key: str, row: dict, where: str) -> str:
     """The manifest column for listing field ``key``: ``key`` itself, or ``key_given`` for a
-    column ingest writes itself, ``split`` included (refused if the listing also has ``key_given``)."""
-    if key not in _WRITTEN_BY_INGEST:
+    column ingest or make-samples writes itself, ``split`` included (refused if the listing also
+    has ``key_given``)."""
+    if key not in _WRITTEN_BY_INGEST and key not in _WRITTEN_BY_MAKE_SAMPLES:
         return key
     column = key + GIVEN_SUFFIX
     if column in row:
+        writer = "ingest" if key in _WRITTEN_BY_INGEST else "make-samples"
         raise BadInput(
             f"{where}: fields {quoted(key)} and {quoted(column)} both given; {quoted(key)} is written by "
-            f"ingest itself and would be kept as {quoted(column)}: drop or rename one of them"
+            f"{writer} itself and would be kept as {quoted(column)}: drop or rename one of them"
         )
     return column
 

@@ -54,7 +54,10 @@ def load_checkpoint(path: str | Path) -> dict:
         handle = open_regular(path, MAX_CHECKPOINT_BYTES)  # a FIFO, device, folder or huge file is refused
     except UnusableFile as exc:
         if exc.reason == "missing_file":
-            raise CheckpointError(f"checkpoint not found: {path}") from None
+            from receipt_embed.training.replacement import set_aside_advice
+
+            advice = set_aside_advice(path)
+            raise CheckpointError(f"checkpoint not found: {path}" + (f": {advice}" if advice else "")) from None
         raise CheckpointError(f"{path} is not a checkpoint: {exc.detail}") from None
     with handle:
         head = handle.read(4)

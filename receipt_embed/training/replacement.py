@@ -52,6 +52,39 @@ def leftovers_of(run_dir: str | os.PathLike) -> list[Path]:
     return _aside_dirs(Path(os.path.abspath(run_dir)))
 
 
+def set_aside_holding(path: str | os.PathLike) -> tuple[Path, Path] | None:
+    """For a missing file of a run dir (e.g. ``RUN/checkpoints/best.pt``): the run dir and the old
+    run beside it, set aside by an interrupted ``--force`` writer, that holds the file; None if none does."""
+    path = Path(os.path.abspath(path))
+    for run_dir in path.parents[:2]:  # RUN/checkpoints/best.pt: the run dir is two up
+        for aside in _aside_dirs(run_dir):
+            if (aside / path.relative_to(run_dir)).is_file():
+                return run_dir, aside
+    return None
+
+
+def set_aside_advice(path: str | os.PathLike) -> str | None:
+    """Where a run's missing file is and how to get it back, when an interrupted ``train --force``
+    or ``demo --force`` set its run aside (None otherwise): ``train --resume`` puts that run back
+    first (see :func:`settle_leftovers`), and trains no further if it had finished."""
+    try:
+        found = set_aside_holding(path)
+    except (OSError, ValueError):  # a folder it cannot list, a name the OS cannot take: no advice
+        return None
+    if found is None:
+        return None
+    run_dir, aside = found
+    advice = (
+        f"the run in {run_dir} was set aside in {aside} by a `--force` run that was stopped before "
+        f"its first checkpoint: put it back with `receipt-embed train --out {run_dir} --resume` "
+        "(a finished run trains no further)"
+    )
+    out = run_dir.parent
+    if run_dir.name == "run" and (out / "dataset").is_dir() and (out / "index").is_dir():
+        advice += f", or rerun the demo with `receipt-embed demo --out {out} --force`"
+    return advice
+
+
 def set_aside(run_dir: str | os.PathLike) -> Path | None:
     """Move the run's files (all but ``dataset/``) into a sibling; returns it (None when there were none).
 

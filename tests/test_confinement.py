@@ -73,9 +73,13 @@ def test_outside_paths_are_refused_named_and_never_embedded(hostile_index, outsi
     assert "not shown: outside the dataset's capture folders" in html
 
 
-def test_images_root_allows_a_folder(hostile_index, outside, tmp_path):
+def test_images_root_allows_a_folder(trained, outside, tmp_path):
+    """Every item points at the outside image (which items the gallery shows depends on the
+    embedding, so a half-and-half index may show only the text file's rows)."""
+    index = copy_index(trained / "index", tmp_path / "index")
+    rewrite_items(index, lambda row, item: {**item, "path": str(outside / "private.jpg")})
     result = run_cli(
-        "audit-shortcuts", hostile_index, "--out", tmp_path / "report", "--gallery", "4", "-q", "--images-root", outside
+        "audit-shortcuts", index, "--out", tmp_path / "report", "--gallery", "4", "-q", "--images-root", outside
     )
     assert result.returncode == 0, result.stderr
     assert "outside the dataset" not in result.stderr

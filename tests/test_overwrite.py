@@ -513,11 +513,11 @@ def test_sweep_values_name_one_run_dir_inside_out_each(tmp_path):
 
     assert run_name("loss.temperature", "0.05") == "loss.temperature=0.05"
     for value in ("../../../runV", "a/b", "/etc", "..", "x\ny"):
-        name = run_name("plugins.dir", value)
+        name = run_name("model.encoder", value)
         assert "/" not in name and "\n" not in name and (tmp_path / name).parent == tmp_path, name
     assert run_name("..x", "1").startswith("_")
-    with pytest.raises(ConfigError, match="would share the run dir plugins.dir=a_b"):
-        parse_sweep("plugins.dir=a/b,a_b")
+    with pytest.raises(ConfigError, match="would share the run dir model.encoder=a_b"):
+        parse_sweep("model.encoder=a/b,a_b")
     with pytest.raises(ConfigError, match="gives the value '0.1' more than once"):
         parse_sweep("loss.temperature=0.1,0.2,0.1")
 

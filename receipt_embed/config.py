@@ -12,6 +12,7 @@ import difflib
 import math
 import re
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -292,13 +293,58 @@ def _refuse_aliases(text: str, path: Path | None, where: str | None = None, dept
 
 
 _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)\Z")
+# a number YAML 1.1 (the YAML library) reads as text, or a float where a whole number is written: an
+# exponent (1e8, 1.0e8 are text, 1.0e+8 a float) or a sign before the point (-.5 is text)
+_EXPONENT_OR_SIGNED_POINT = re.compile(r"[-+]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)[eE][-+]?\d+\Z|[-+]\.\d[\d_]*\Z")
+_NUMBER_TAG = "tag:receipt-embed,2026:number"
+_LEADING_ZERO = re.compile(r"[-+]?0[\d_]*[89][\d_]*\Z")  # 09: YAML 1.1 reads it as text (not octal, not decimal)
+
+
+def _written_number(text: str) -> int | float:
+    """The number ``text`` (1e8, 2.5e3, 1.5e0, -.5) writes: a whole one in exponent form (under
+    2**63) as an int, so that counts such as ingest.max_pixels take 1e8, else a float; infinity
+    (1e400) beyond a float's range."""
+    digits = text.replace("_", "")
+    number = float(digits)
+    if not math.isfinite(number) or "e" not in digits.lower():
+        return number  # without an exponent (-.5, -.0) a float, as 3.0 is
+    try:
+        exact = Decimal(digits)  # the digits as written: 1.0000000000000000001e0 is no whole number
+    except InvalidOperation:  # an exponent of 19 digits or more (the number reads as 0.0)
+        return number
+    whole = exact == exact.to_integral_value() and abs(exact) < 2**63  # a larger count is no count, 1e300 a float
+    return int(exact) if whole else number
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """The safe YAML loader, reading numbers in exponent form as numbers (YAML 1.1 reads 1e8 as the
+    text '1e8', which a count refused as "quoted"); whole ones (1e8, 2.5e3) as ints."""
+
+    def resolve(self, kind, value, implicit):
+        if kind is yaml.ScalarNode and implicit[0] and _EXPONENT_OR_SIGNED_POINT.match(value):
+            return _NUMBER_TAG
+        return super().resolve(kind, value, implicit)
+
+
+_ConfigLoader.add_constructor(_NUMBER_TAG, lambda loader, node: _written_number(node.value))
 
 
 def _unclear_number(node) -> str | None:
     """Why a plain YAML scalar reads as another number than the digits written, or None: YAML 1.1
-    reads ``017`` as octal 15, ``0x1e`` as 30 and ``1:30`` (base 60) as 90."""
+    reads ``017`` as octal 15, ``0x1e`` as 30, ``1:30`` (base 60) as 90, ``09`` as text, and
+    ``1e400`` would be infinity."""
     if not isinstance(node, yaml.ScalarNode) or node.style:
         return None
+    if node.tag == _NUMBER_TAG and not math.isfinite(_written_number(node.value)):
+        return (
+            f"{shortened(node.value)} is beyond the largest number a config holds (about 1.8e308) and would read "
+            "as infinity; write a smaller number"
+        )
+    if node.tag == "tag:yaml.org,2002:str" and _LEADING_ZERO.match(node.value):
+        return (
+            f"{shortened(node.value)} reads as text in YAML (a leading zero); write the number without it, or "
+            "quote it if it is text"
+        )
     base_60 = ":" in node.value
     if node.tag == "tag:yaml.org,2002:int" and (base_60 or not _DECIMAL.match(node.value)):
         kind = "base 60" if base_60 else "octal, hexadecimal or binary"
@@ -312,8 +358,8 @@ def _unclear_number(node) -> str | None:
     )
 
 
-def _unclear_numbers(node) -> list:
-    """The scalar nodes under ``node`` (a composed YAML tree without aliases) that :func:`_unclear_number` refuses."""
+def _scalars(node) -> list:
+    """The scalar value nodes under ``node`` (a composed YAML tree without aliases), in written order."""
     found, pending = [], [node]
     while pending:
         item = pending.pop()
@@ -321,16 +367,32 @@ def _unclear_numbers(node) -> list:
             pending.extend(value for _, value in item.value)
         elif isinstance(item, yaml.SequenceNode):
             pending.extend(item.value)
-        elif _unclear_number(item):
+        elif isinstance(item, yaml.ScalarNode):
             found.append(item)
     return sorted(found, key=lambda item: item.start_mark.index)
+
+
+def _unclear_numbers(node) -> list:
+    """The scalar nodes under ``node`` (a composed YAML tree without aliases) that :func:`_unclear_number` refuses."""
+    return [item for item in _scalars(node) if _unclear_number(item)]
+
+
+def _numbers_written_out(item: str, value) -> str:
+    """``item`` (``key.path=value``, its value composed as ``value``) with each number in exponent
+    form written out as :class:`_ConfigLoader` reads it (1e8 as 100000000): the config library's
+    YAML reads 1e8 as the float 100000000.0, which a count refuses."""
+    start = len(item.split("=", 1)[0]) + 1
+    for node in reversed([node for node in _scalars(value) if node.tag == _NUMBER_TAG]):
+        written = repr(_written_number(node.value))
+        item = item[: start + node.start_mark.index] + written + item[start + node.end_mark.index :]
+    return item
 
 
 def _refuse_repeated_keys(text: str, path: Path) -> None:
     """A key given twice in one mapping (a second ``train:`` section further down, say) would
     silently replace the first, and all the settings under it; refuse it, naming both lines.
     Called after :func:`_refuse_aliases`, so the node graph is small and has no shared parts."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    root = yaml.compose(text, Loader=_ConfigLoader)
     for node in _unclear_numbers(root)[:1]:
         raise ConfigError(f"config file {path}, line {node.start_mark.line + 1}: {_unclear_number(node)}")
     pending = [root]
@@ -367,7 +429,7 @@ def _load_yaml(path: Path) -> dict:
         text = read_regular_text(path, MAX_CONFIG_BYTES)
         _refuse_aliases(text, path)
         _refuse_repeated_keys(text, path)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_ConfigLoader)
     except ConfigError:
         raise
     except UnusableFile as exc:
@@ -409,13 +471,13 @@ def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
             )
         try:
             _refuse_aliases(item.split("=", 1)[1], None, where, depth=levels)
-            value = yaml.compose(item.split("=", 1)[1], Loader=yaml.SafeLoader)
+            value = yaml.compose(item.split("=", 1)[1], Loader=_ConfigLoader)
         except yaml.YAMLError:  # the config library's own parser says what is wrong below
             value = None
         for node in _unclear_numbers(value)[:1] if value is not None else ():
             raise ConfigError(f"{where}: {_unclear_number(node)}")
         try:
-            layers.append(OmegaConf.from_dotlist([item]))
+            layers.append(OmegaConf.from_dotlist([_numbers_written_out(item, value)]))
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:
             first_line = str(exc).strip().splitlines()[0]
             raise ConfigError(f"cannot parse {where}: {shortened(first_line)}") from None

@@ -164,7 +164,7 @@ def test_no_infinity_or_nan_in_any_config_number():
     with pytest.raises(ConfigError, match=r"config key 'augment.params': a\[1\] is nan"):
         load_config(overrides=["augment.params={a: [1, .nan]}"])
     with pytest.raises(ConfigError, match=r"config key 'train.lr': Input should be a finite number"):
-        load_config(overrides=["train.lr=1e400"])
+        load_config(overrides=["train.lr=.inf"])  # 1e400: Attack round 20 K7
 
 
 def test_an_unknown_component_with_a_huge_name_is_shown_shortened():
@@ -487,3 +487,77 @@ def test_cli_merges_several_config_files_in_order(cli, tmp_path):
     result = cli("config", "--config", first, "--config", bad)
     assert result.returncode == 2
     assert result.stderr == f"Error: config file {bad}: augment.params must be a mapping, got a list\n"
+
+
+def test_a_number_in_exponent_form_is_a_number_in_files_and_overrides(tmp_path):
+    """Attack round 20 K7: `ingest.max_pixels: 1e8` was refused as "the text '1e8' (it is quoted)
+    ... write it unquoted" though it was unquoted (YAML 1.1 reads 1e8 as text), and `--set
+    ingest.max_pixels=1e8` as "got 100000000.0"; a whole number in exponent form is taken for a count."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "ingest:\n  max_pixels: 1e8\n  split_ratios: [8e-1, 1.0e-1, 1e-1]\ndata:\n  image_size: [1.28e2, 6.4e+1]\n"
+        "loss:\n  temperature: 1e-1\n  params: {eps: 2.5e-3}\ntrain:\n  batch_size: 2.5e1\n  lr: -.5e-3\n"
+    )
+    with pytest.raises(ConfigError, match=r"'train.lr' \(from config file .*\): Input should be greater than 0 \(got"):
+        load_config(path)
+    path.write_text(path.read_text().replace("-.5e-3", "+.5e-3"))
+    config = load_config(path)
+    assert (config.ingest.max_pixels, config.data.image_size, config.train.batch_size) == (100_000_000, (128, 64), 25)
+    assert (config.loss.temperature, config.loss.params, config.train.lr) == (0.1, {"eps": 0.0025}, 0.0005)
+    assert config.ingest.split_ratios == (0.8, 0.1, 0.1)
+    overrides = ["ingest.max_pixels=1e8", "data.image_size=[1.28e2,6.4e+1]", "train.batch_size=1_0e1"]
+    config = load_config(overrides=overrides)
+    assert (config.ingest.max_pixels, config.data.image_size, config.train.batch_size) == (100_000_000, (128, 64), 100)
+    assert load_config(overrides=["model.params={scale: 1e3, eps: 1e-3}"]).model.params == {"scale": 1000, "eps": 0.001}
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("1.5e0", "config key 'ingest.max_pixels'{source}: Input should be a valid integer (got 1.5)"),
+        ("2.5e-1", "config key 'ingest.max_pixels'{source}: Input should be a valid integer (got 0.25)"),
+        ("true", "config key 'ingest.max_pixels'{source}: Input should be a valid integer (got True)"),
+        ("1e19", "config key 'ingest.max_pixels'{source}: Input should be a valid integer (got 1e+19)"),
+        (
+            "'1e8'",
+            "config key 'ingest.max_pixels'{source}: Input should be a valid integer (got '1e8'); the value is the "
+            "text '1e8' (it is quoted), not a number: write it unquoted",
+        ),
+        (
+            "1e400",
+            "{where}: 1e400 is beyond the largest number a config holds (about 1.8e308) and would read as infinity; "
+            "write a smaller number",
+        ),
+        ("09", "{where}: 09 reads as text in YAML (a leading zero); write the number without it, or quote it if it is text"),
+    ],
+)  # fmt: skip
+def test_a_number_in_exponent_form_a_count_cannot_take_is_refused_truly(tmp_path, value, message):
+    """Attack round 20 K7: `[1e400, 64]` was also called "quoted"; now only a quoted value is, a
+    non-whole exponent number is refused for a count, and 1e400 (infinity) is refused where it is written."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"ingest:\n  max_pixels: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == message.format(source=f" (from config file {path})", where=f"config file {path}, line 2")
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"ingest.max_pixels={value}"])
+    assert str(info.value) == message.format(source="", where=f"--set 'ingest.max_pixels={value}'")
+
+
+def test_cli_takes_a_count_in_exponent_form(cli, tmp_path):
+    """Attack round 20 K7: the reproduction, through the CLI: exit 0 and the number, or one line."""
+    path = tmp_path / "e8.yaml"
+    path.write_text("ingest:\n  max_pixels: 1e8\n")
+    result = cli("config", "--config", path)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["ingest"]["max_pixels"] == 100_000_000
+    result = cli("config", "--set", "ingest.max_pixels=1e8")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["ingest"]["max_pixels"] == 100_000_000
+    path.write_text("data:\n  image_size: [1e400, 64]\n")
+    result = cli("config", "--config", path)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"Error: config file {path}, line 2: 1e400 is beyond the largest number a config holds (about 1.8e308) and "
+        "would read as infinity; write a smaller number\n"
+    )

@@ -35,6 +35,14 @@ class ImageRejected(BadInput):
         self.detail = detail
 
 
+class DecodingOutOfMemory(MemoryError):
+    """Memory ran out while decoding one file; ``what`` names it for the command's message."""
+
+    def __init__(self, name: str, size: tuple[int, int] | None):
+        self.what = f"decoding {name}" + (f" ({size[0]}x{size[1]} pixels)" if size else "")
+        super().__init__(self.what)
+
+
 @dataclass(frozen=True)
 class DecodedImage:
     image: Image.Image  # 8-bit RGB, orientation applied
@@ -42,17 +50,19 @@ class DecodedImage:
     source_mode: str
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
+HIGH_DEPTH_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I", "F"})  # scaled to 8 bits, not clipped
+_STRIP_PIXELS = 1 << 18  # a high-depth image is converted this many pixels at a time
+
+
+def to_rgb(image: Image.Image, name: str = "<image>") -> Image.Image:
+    """``image`` as 8-bit RGB, as ingest decodes captures: 16-bit and 32-bit values are scaled
+    to 8 bits (not clipped), float values by their finite maximum, transparent areas become
+    white paper. A float image with no finite pixel raises :class:`ImageRejected` naming ``name``."""
     mode = image.mode
     if mode == "RGB":
         return image
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        pixels = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if mode != "F" and pixels.max(initial=0) > 255 else 255.0
-        if mode == "F":
-            top = max(float(pixels.max(initial=0)), 1.0)
-        gray = np.clip(np.round(pixels * (255.0 / top)), 0, 255).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
+    if mode in HIGH_DEPTH_MODES:
+        return _high_depth_to_gray(image, name).convert("RGB")
     if mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")
     if mode in ("RGBA", "LA", "PA") or image.mode == "RGBA":
@@ -60,6 +70,45 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         paper = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(paper, rgba).convert("RGB")
     return image.convert("RGB")
+
+
+def _strips(image: Image.Image):
+    """(first row, pixels as a numpy array) of ``image`` in strips of rows, so converting a
+    large image copies one strip at a time (``np.asarray`` of a whole image copies all of it)."""
+    width, height = image.size
+    rows = max(1, _STRIP_PIXELS // max(1, width))
+    for top in range(0, height, rows):
+        yield top, np.asarray(image.crop((0, top, width, min(height, top + rows))))
+
+
+def _high_depth_to_gray(image: Image.Image, name: str) -> Image.Image:
+    """An 8-bit greyscale copy of a 16-bit, 32-bit or float image, a strip at a time (a few bytes
+    a pixel, not float64 copies of the whole image). Integers above 255 mean a 0..65535 range;
+    floats are scaled so the largest finite value is white (0..1 and 0..255 data both read).
+    A NaN or -inf pixel is black, +inf white: one bad pixel does not blank the receipt."""
+    is_float = image.mode == "F"
+    top, any_finite = 0.0, False
+    for _, strip in _strips(image):
+        if not is_float:
+            top = max(top, float(strip.max(initial=0)))
+        elif (finite := np.isfinite(strip)).any():
+            top, any_finite = max(top, float(strip.max(where=finite, initial=-np.inf))), True
+    if is_float and not any_finite and image.width * image.height:
+        raise ImageRejected(
+            "decode_error", f"{name}: cannot decode (no finite pixel values: every pixel is NaN or infinite)"
+        )
+    top = max(top, 1.0) if is_float else (65535.0 if top > 255 else 255.0)
+    gray = np.empty((image.height, image.width), dtype=np.uint8)
+    for first, strip in _strips(image):
+        values = strip.astype(np.float64)
+        if is_float:
+            values[np.isnan(values) | (values == -np.inf)] = 0.0
+            values[values == np.inf] = top
+        values *= 255.0 / top
+        np.rint(values, out=values)
+        np.clip(values, 0, 255, out=values)
+        gray[first : first + len(values)] = values
+    return Image.fromarray(gray, mode="L")
 
 
 def _open_header(data: bytes) -> Image.Image:
@@ -76,6 +125,7 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
     """Decode fully (so truncation is caught), check size and format, return 8-bit RGB."""
     if not data:
         raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
+    size = None
     try:
         image = _open_header(data)  # the pixel count is checked below, before decoding
         fmt = image.format or "unknown"
@@ -84,7 +134,7 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
                 "unsupported_format",
                 f"{name}: unsupported image format {fmt} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})",
             )
-        width, height = image.size
+        width, height = size = image.size
         if width * height > max_pixels:
             raise ImageRejected(
                 "too_many_pixels",
@@ -93,9 +143,12 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
             )
         source_mode = image.mode
         image.load()
-        image = ImageOps.exif_transpose(image)
+        ImageOps.exif_transpose(image, in_place=True)  # a copy would be 4 more bytes a pixel
+        decoded = DecodedImage(to_rgb(image, name), fmt, source_mode)
     except ImageRejected:
         raise
+    except MemoryError:
+        raise DecodingOutOfMemory(name, size) from None
     except UnidentifiedImageError:
         raise ImageRejected("not_an_image", f"{name}: not a recognised image file") from None
     except (OSError, SyntaxError, ValueError) as exc:
@@ -103,7 +156,7 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
         lowered = text.lower()
         reason = "truncated" if "truncated" in lowered or "broken data stream" in lowered else "decode_error"
         raise ImageRejected(reason, f"{name}: cannot decode ({text})") from None
-    return DecodedImage(_to_rgb(image), fmt, source_mode)
+    return decoded
 
 
 def resize_bytes(
@@ -124,8 +177,10 @@ def resize_bytes(
     height, width = size
     if not data:
         raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
+    frame_size = None
     try:
         with _open_header(data) as image:
+            frame_size = image.size
             pixels = image.size[0] * image.size[1]
             if pixels > max_pixels:
                 raise ImageRejected(
@@ -135,7 +190,8 @@ def resize_bytes(
                 )
             side = max(height, width) * (2 if crop_page else 1)
             image.draft("RGB", (side, side))
-            image = _to_rgb(ImageOps.exif_transpose(image))
+            ImageOps.exif_transpose(image, in_place=True)  # a copy would be 4 more bytes a pixel
+            image = to_rgb(image, name)
             if crop_page:
                 from receipt_embed.page_crop import page_box, with_margin
 
@@ -144,6 +200,8 @@ def resize_bytes(
             resized = image.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
     except ImageRejected:
         raise
+    except MemoryError:
+        raise DecodingOutOfMemory(name, frame_size) from None
     except UnidentifiedImageError:
         raise ImageRejected("not_an_image", f"{name}: not a recognised image file") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:

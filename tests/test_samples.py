@@ -788,3 +788,73 @@ def test_a_listing_value_with_a_lone_surrogate_is_named(tmp_path, row, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "fix that JSON escape in receipts.jsonl" in result.output, result.output
     assert "internal error" not in result.output and not (tmp_path / "out").exists()
+
+
+def _bar_scan(value_of) -> np.ndarray:
+    """An 80 x 120 scan: paper and a dark bar, each given as ``value_of(8-bit level)``."""
+    pixels = np.full((120, 80), value_of(240))
+    pixels[50:70] = value_of(20)
+    return pixels
+
+
+def test_16_bit_and_float_scans_keep_their_ink(tmp_path):
+    """Attack round 20 K5: make-samples --from-scans turned a 16-bit greyscale scan into blank
+    paper (Image.convert("RGB") clips 16-bit values to 255); a scan now goes through ingest's
+    conversion, so 16-bit and 0..1 float scans are captured exactly like their 8-bit version."""
+    scans = {
+        "l8": Image.fromarray(_bar_scan(lambda level: level).astype(np.uint8)),
+        "i16": Image.fromarray(_bar_scan(lambda level: level * 257).astype(np.uint16)),
+        "f": Image.fromarray(_bar_scan(lambda level: level / 255).astype(np.float32)),
+    }
+    assert scans["i16"].mode == "I;16" and scans["f"].mode == "F"
+    captures = {}
+    for name, scan in scans.items():
+        (tmp_path / name).mkdir()
+        scan.save(tmp_path / name / ("scan.tif" if name == "f" else "scan.png"))
+        result = CliRunner().invoke(
+            main, ["make-samples", "--from-scans", str(tmp_path / name), "--out", str(tmp_path / f"set-{name}"),
+                   "--devices", "2", "-q"],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        captures[name] = tree_bytes(tmp_path / f"set-{name}" / "images")
+    assert captures["i16"] == captures["l8"] and captures["f"] == captures["l8"]
+    with Image.open(io.BytesIO(captures["i16"]["scan_phone_a.jpg"])) as capture:
+        assert np.asarray(capture.convert("L")).min() < 100  # the bar, not blank paper
+
+
+def test_a_float_scan_with_no_finite_pixel_is_refused_by_name(tmp_path):
+    """Attack round 20 K5: a float scan with nothing finite to scale by is refused naming it."""
+    (tmp_path / "scans").mkdir()
+    Image.fromarray(np.full((12, 10), np.nan, dtype=np.float32)).save(tmp_path / "scans" / "nan.tif")
+    result = CliRunner().invoke(
+        main, ["make-samples", "--from-scans", str(tmp_path / "scans"), "--out", str(tmp_path / "set"), "-q"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"Error: scan '{tmp_path / 'scans' / 'nan.tif'}': cannot decode (no finite pixel values: every pixel is "
+        "NaN or infinite)\n"
+    )
+    assert not (tmp_path / "set").exists()
+
+
+def test_scans_in_formats_ingest_does_not_read_are_refused_before_any_decoder_runs(tmp_path):
+    """Attack round 20 K6: make-samples --from-scans opened any format Pillow detects by content: a
+    GIF listed in receipts.jsonl was captured, and an EPS file named .png was handed to Ghostscript
+    ("Unable to locate Ghostscript on paths"). Only ingest's formats are opened now."""
+    eps = tmp_path / "eps"
+    eps.mkdir()
+    (eps / "scan.png").write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 100 100\nshowpage\n")
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    render_receipt(make_receipt(5, 0)).convert("P").save(listed / "a.gif")
+    (listed / "receipts.jsonl").write_text('{"path": "a.gif", "scan_id": "x"}\n')
+    for folder, scan in ((eps, eps / "scan.png"), (listed, listed / "a.gif")):
+        result = CliRunner().invoke(
+            main, ["make-samples", "--from-scans", str(folder), "--out", str(tmp_path / "set"), "--devices", "2", "-q"]
+        )
+        assert result.exit_code == 2, result.output
+        assert result.stderr == (
+            f"Error: cannot read scan '{scan}': not a BMP, JPEG, MPO, PNG, TIFF or WEBP image "
+            "(the formats ingest reads)\n"
+        )
+        assert not (tmp_path / "set").exists()

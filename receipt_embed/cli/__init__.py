@@ -183,9 +183,13 @@ class LazyGroup(click.Group):
                     click.echo(f"stopped by {signal_name(StoppedBySignal(received[-1]))}", err=True)
                 sys.exit(received[-1])
             if _out_of_memory(exc) and not _debug:  # a limit (ulimit -v) or too little RAM, not a bug
+                where = getattr(exc, "what", "")  # images.DecodingOutOfMemory names the file
                 click.echo(
-                    "Error: out of memory (a memory limit such as `ulimit -v`, or too little RAM for this job); "
-                    "raise the limit, or use a smaller data.image_size, --batch-size or dataset",
+                    printable(
+                        "Error: out of memory (a memory limit such as `ulimit -v`, or too little RAM for this job)"
+                        f"{' ' + where if where else ''}; raise the limit, or "
+                        + _OUT_OF_MEMORY_ADVICE.get(self._command, "give the command less data")
+                    ),
                     err=True,
                 )
                 sys.exit(2)
@@ -206,6 +210,13 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx):
         return sorted(COMMANDS)
+
+    _command = None  # the subcommand being run: what an out-of-memory message can advise
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        self._command = name
+        return name, command, rest
 
     def get_command(self, ctx, name):
         if name not in COMMANDS:
@@ -253,6 +264,15 @@ def _launcher_speaks() -> bool:
     from receipt_embed.orphans import PARENT_PID_ENV
 
     return PARENT_PID_ENV in os.environ and os.environ.get("WORLD_SIZE", "1") not in ("", "1")
+
+
+# what each command can shrink when memory runs out (only its own options and settings)
+_OUT_OF_MEMORY_ADVICE = {
+    "ingest": "shrink the largest images (a lower --max-pixels rejects them; ingest decodes up to 4 at once)",
+    "make-samples": "shrink the largest scans",
+    "train": "use a smaller data.image_size, train.batch_size or dataset",
+    "index": "use a smaller --batch-size or dataset",
+}
 
 
 def _out_of_memory(exc: BaseException) -> bool:

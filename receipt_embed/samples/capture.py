@@ -16,6 +16,7 @@ import io
 import numpy as np
 from PIL import Image, ImageFilter
 
+from receipt_embed.images import HIGH_DEPTH_MODES, to_rgb
 from receipt_embed.samples import conditions
 from receipt_embed.samples.backgrounds import make_background
 from receipt_embed.samples.devices import DeviceProfile
@@ -84,7 +85,10 @@ def simulate_capture(image: Image.Image, device: DeviceProfile, seed: int) -> Im
 
 
 def _flatten(image: Image.Image) -> Image.Image:
-    """RGB paper; transparent parts (e.g. a cut-out scan) become white."""
+    """RGB paper; transparent parts (e.g. a cut-out scan) become white; 16-bit and float scans
+    are scaled to 8 bits as ingest decodes them (``convert`` clips 16-bit ink to white)."""
+    if image.mode in HIGH_DEPTH_MODES:
+        return to_rgb(image)
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

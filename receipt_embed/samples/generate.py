@@ -22,7 +22,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, is_disk_full
-from receipt_embed.images import DEFAULT_MAX_PIXELS
+from receipt_embed.images import DEFAULT_MAX_PIXELS, HIGH_DEPTH_MODES, SUPPORTED_FORMATS, DecodingOutOfMemory, to_rgb
 from receipt_embed.samples.capture import capture_jpeg
 from receipt_embed.samples.devices import DeviceProfile, select_devices
 from receipt_embed.samples.receipts import make_receipt
@@ -88,24 +88,38 @@ def find_scans(folder: str | Path) -> list[Path]:
     return [scan.path for scan in read_scans(folder)]
 
 
+_OPENERS = sorted(SUPPORTED_FORMATS - {"MPO"})  # Pillow opens MPO files with its JPEG plugin
+_FORMATS_READ = ", ".join(sorted(SUPPORTED_FORMATS)[:-1]) + " or " + sorted(SUPPORTED_FORMATS)[-1]
+
+
 def _load_scan(scan: Scan) -> Image.Image:
     """The scan, upright, decoded from bytes read as a regular file and checked against the hash
     taken when it was listed (PIL opening the path would follow a link or block on a FIFO swapped
     in meanwhile); its size is checked from the header first, with ingest's pixel limit (PIL's own
-    only warns below twice that: a 734 KB PNG decoded to 3.5 GB)."""
+    only warns below twice that: a 734 KB PNG decoded to 3.5 GB). Only the formats ingest reads are
+    opened (Pillow would otherwise pick any plugin by content: GIF, or EPS through Ghostscript), and
+    16-bit and float scans are scaled to 8 bits as ingest does (converting would clip the ink away)."""
     path = scan.path
     data = checked_scan_bytes(scan)
+    size = None
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
+        with Image.open(io.BytesIO(data), formats=_OPENERS) as image:
+            width, height = size = image.size
             if width * height > DEFAULT_MAX_PIXELS:
                 raise BadInput(
                     f"scan {path}: {width}x{height} = {width * height} pixels exceeds the limit of "
                     f"{DEFAULT_MAX_PIXELS} (possible decompression bomb); shrink the scan first"
                 )
-            return ImageOps.exif_transpose(image)  # a loaded copy, upright
+            upright = ImageOps.exif_transpose(image)  # a loaded copy
+            return (
+                to_rgb(upright, f"scan {quoted(shortened(str(path)))}") if upright.mode in HIGH_DEPTH_MODES else upright
+            )
+    except MemoryError:
+        raise DecodingOutOfMemory(f"scan {path}", size) from None
     except UnidentifiedImageError:  # its message names the in-memory copy, not the file
-        raise BadInput(f"cannot read scan {quoted(shortened(str(path)))}: not an image file PIL can decode") from None
+        raise BadInput(
+            f"cannot read scan {quoted(shortened(str(path)))}: not a {_FORMATS_READ} image (the formats ingest reads)"
+        ) from None
     except (OSError, Image.DecompressionBombError) as err:
         raise BadInput(f"cannot read scan {quoted(shortened(str(path)))}: {err}") from err
 

@@ -82,11 +82,15 @@ def embed_paths(
     batch_size: int = 128,
     progress: bool = False,
     digests: list[str | None] | None = None,
+    limits: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """(N, D) float32 embeddings (not normalised) of the images at ``paths``.
 
-    Files are read within the checkpoint config's ``ingest.max_bytes`` and ``max_pixels``;
-    ``digests`` (sha256 per path, from a dataset dir) refuse captures replaced since ingest."""
+    Files are read within ``limits`` (max_pixels, max_bytes), by default the checkpoint
+    config's ``ingest.max_pixels`` and ``max_bytes``; ``digests`` (sha256 per path, from a
+    dataset dir) refuse captures replaced since ingest. An image that reaches the model as
+    one colour (blank, or cut to blank paper by ``data.page_crop``) is refused, naming it:
+    every such image embeds to the same vector."""
     if features not in FEATURES:
         raise BadInput(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
     config = loaded.config
@@ -99,17 +103,32 @@ def embed_paths(
             cache = ImageCache(
                 paths[start : start + step],
                 size,
-                max_pixels=config.ingest.max_pixels,
-                max_bytes=config.ingest.max_bytes,
+                max_pixels=config.ingest.max_pixels if limits is None else limits[0],
+                max_bytes=config.ingest.max_bytes if limits is None else limits[1],
                 digests=None if digests is None else digests[start : start + step],
                 crop_page=config.data.page_crop,
             )
+            _refuse_blank(cache.images, paths, start, config.data.page_crop)
             for images in clean_batches(cache.images, tuple(config.data.image_size), config.data.grayscale, batch_size):
                 with _encoder_errors(loaded):
                     backbone, head = loaded.model(images)
                 out.append((backbone if features == "backbone" else head).float().numpy())
                 bar.update(len(images))
     return np.concatenate(out) if out else np.zeros((0, embedding_dim(loaded, features)), np.float32)
+
+
+def _refuse_blank(images: np.ndarray, paths: list[str], start: int, page_crop: bool) -> None:
+    """Refuse decoded inputs of one colour: per-image normalisation makes them all the same
+    input, so they would embed alike and be called duplicates of each other."""
+    flat = images.reshape(len(images), -1)
+    blank = np.flatnonzero(flat.max(axis=1) == flat.min(axis=1)) if flat.size else []
+    if len(blank):
+        how = " (after data.page_crop cut it to its page)" if page_crop else ""
+        raise BadInput(
+            f"{paths[start + blank[0]]} is blank: all its pixels are one colour once decoded{how}, so it embeds "
+            f"to the same vector as every other blank image ({len(blank)} such among "
+            f"{len(images)} decoded); remove it, or re-run `receipt-embed ingest`, which rejects blank captures"
+        )
 
 
 def embedding_dim(loaded: LoadedModel, features: str = "backbone") -> int:

@@ -22,6 +22,10 @@ from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
 # Pillow's own decompression-bomb threshold: the default where no config is at hand
 DEFAULT_MAX_PIXELS = 89_478_485
 SUPPORTED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "TIFF", "BMP"})
+# a capture whose every channel spans at most this many levels once decoded has no content: the
+# model's per-image normalisation maps every such image to one input, so all embed alike. Sensor
+# noise, paper texture and even the palest thermal print span far more
+BLANK_SPREAD = 2
 _PIL_LIMIT_LOCK = threading.Lock()
 
 
@@ -121,8 +125,19 @@ def _open_header(data: bytes) -> Image.Image:
             Image.MAX_IMAGE_PIXELS = default_limit
 
 
-def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> DecodedImage:
-    """Decode fully (so truncation is caught), check size and format, return 8-bit RGB."""
+def blank_spread(image: Image.Image) -> int | None:
+    """The widest range of levels over an 8-bit RGB image's channels when it is at most
+    ``BLANK_SPREAD`` (a blank capture: one colour), else None."""
+    spread = max(high - low for low, high in image.getextrema())
+    return spread if spread <= BLANK_SPREAD else None
+
+
+def decode_image(
+    data: bytes, max_pixels: int, name: str = "<bytes>", max_pixels_key: str = "ingest.max_pixels"
+) -> DecodedImage:
+    """Decode fully (so truncation is caught), check size, format and content (a blank image
+    is rejected), return 8-bit RGB; ``max_pixels_key`` is the setting a too-large image's
+    error says to raise."""
     if not data:
         raise ImageRejected("empty_file", f"{name}: file is empty (0 bytes)")
     size = None
@@ -139,7 +154,7 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
             raise ImageRejected(
                 "too_many_pixels",
                 f"{name}: {width}x{height} = {width * height} pixels exceeds the limit of {max_pixels} "
-                "(possible decompression bomb; raise ingest.max_pixels if it is genuine)",
+                f"(possible decompression bomb; raise {max_pixels_key} if it is genuine)",
             )
         source_mode = image.mode
         image.load()
@@ -156,6 +171,11 @@ def decode_image(data: bytes, max_pixels: int, name: str = "<bytes>") -> Decoded
         lowered = text.lower()
         reason = "truncated" if "truncated" in lowered or "broken data stream" in lowered else "decode_error"
         raise ImageRejected(reason, f"{name}: cannot decode ({text})") from None
+    if (spread := blank_spread(decoded.image)) is not None:
+        colour = "one colour" if spread == 0 else f"one colour (within {spread} levels)"
+        raise ImageRejected(
+            "blank", f"{name}: blank, all pixels are {colour}: no receipt to embed ({width}x{height}, {source_mode})"
+        )
     return decoded
 
 

@@ -646,3 +646,81 @@ def test_index_json_holds_exactly_the_keys_its_format_lists(tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32))
     index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
     assert set(json.loads((tmp_path / "ix" / "index.json").read_text())) == META_KEYS
+
+
+def _flat_png(path, size=(40, 80), colour=(200, 200, 200)):
+    from PIL import Image
+
+    Image.new("RGB", size, colour).save(path)
+    return path
+
+
+def test_attack_round_20_k1_blank_query_is_refused_naming_the_file(cli, heldout_index, tmp_path):
+    """Attack round 20 K1: a one-colour query embedded like every other blank capture and
+    ranked another receipt's blank file first; it is refused in one line naming it."""
+    query = _flat_png(tmp_path / "blank.png", size=(1, 1))
+    result = cli("search", heldout_index, query)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "Error: 1 of 1 query images cannot be used (no search was run):",
+        f"  {query}: blank, all pixels are one colour: no receipt to embed (1x1, RGB)",
+    ]
+
+
+def test_attack_round_20_k1_blank_capture_is_never_embedded_into_an_index(trained, tmp_path):
+    """Attack round 20 K1: a blank capture that reached embedding another way (a dataset
+    ingested before `blank` was a reason) is refused by name instead of joining a cluster of
+    identical vectors that search would call duplicates."""
+    from receipt_embed.errors import BadInput
+
+    dataset, checkpoint = trained
+    good = select_split(load_dataset_dir(dataset), "heldout").paths[0]
+    blank = _flat_png(tmp_path / "white.png", colour=(255, 255, 255))
+    loaded = load_model(checkpoint, builtin_registry())
+    with pytest.raises(BadInput) as caught:
+        embed_paths(loaded, [good, str(blank)])
+    how = " (after data.page_crop cut it to its page)" if loaded.config.data.page_crop else ""
+    assert str(caught.value) == (
+        f"{blank} is blank: all its pixels are one colour once decoded{how}, so it embeds to the same vector as every "
+        "other blank image (1 such among 2 decoded); remove it, or re-run `receipt-embed ingest`, which rejects "
+        "blank captures"
+    )
+
+
+def test_attack_round_20_k4_query_limits_come_from_the_user_not_the_checkpoint():
+    """Attack round 20 K4: a checkpoint whose config held ingest.max_pixels = 10**30 turned off
+    the decompression-bomb limit for queries. A checkpoint may lower the limits, never raise
+    them; only search's own --max-pixels / --max-bytes do."""
+    from receipt_embed.config import load_config
+    from receipt_embed.images import DEFAULT_MAX_PIXELS
+    from receipt_embed.indexing.search import query_limits
+    from receipt_embed.userfiles import DEFAULT_MAX_BYTES
+
+    lifted = load_config(overrides=[f"ingest.max_pixels={10**30}", f"ingest.max_bytes={10**30}"]).ingest
+    assert query_limits(lifted) == (DEFAULT_MAX_PIXELS, DEFAULT_MAX_BYTES)
+    lowered = load_config(overrides=["ingest.max_pixels=1000", "ingest.max_bytes=5000"]).ingest
+    assert query_limits(lowered) == (1000, 5000)
+    assert query_limits(lowered, 2 * 10**8, 10**9) == (2 * 10**8, 10**9)  # the user's choice, either way
+
+
+def test_attack_round_20_k4_limit_errors_name_the_search_options(cli, trained, heldout_index, tmp_path):
+    """Attack round 20 K4: a query over the pixel limit said "raise ingest.max_pixels", which
+    search cannot take; the error names --max-pixels (and --max-bytes for the byte limit), and
+    the options apply to image queries only."""
+    query = select_split(load_dataset_dir(trained[0]), "heldout").paths[0]
+    result = cli("search", heldout_index, query, "--max-pixels", "100", "--max-bytes", "100")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Error: 1 of 1 query images cannot be used (no search was run):"
+    assert lines[1].endswith("over the limit of 100 (raise search --max-bytes N if it is genuine)"), lines
+    result = cli("search", heldout_index, query, "--max-pixels", "100")
+    assert result.returncode == 2
+    assert "exceeds the limit of 100 (possible decompression bomb; raise search --max-pixels N if it is genuine)" in (
+        result.stderr
+    )
+    assert "ingest.max_pixels" not in result.stderr
+    assert cli("search", heldout_index, query, "--max-pixels", "100000000", "--k", "1").returncode == 0
+    result = cli(
+        "search", heldout_index, "--all-pairs", "--threshold", "1", "--out", tmp_path / "p.csv", "--max-pixels", "9"
+    )
+    assert result.returncode == 2 and "--max-pixels apply to image queries, not to --all-pairs" in result.stderr

@@ -228,11 +228,15 @@ def test_exif_orientation_applied(tmp_path):
 
 def test_unusual_modes_converted_not_rejected(tmp_path):
     cmyk = io.BytesIO()
-    Image.new("CMYK", (10, 12), (0, 0, 0, 0)).save(cmyk, "JPEG")
+    cmyk_page = Image.new("CMYK", (10, 12), (0, 0, 0, 0))
+    cmyk_page.paste((0, 0, 0, 255), (0, 8, 10, 12))  # ink: a blank page would be rejected as `blank`
+    cmyk_page.save(cmyk, "JPEG")
     palette = Image.new("P", (10, 12))
     palette.putpalette([0, 0, 0, 200, 10, 10] + [0] * 762)
     palette.paste(1, (0, 0, 10, 6))
-    sixteen = Image.fromarray(np.full((12, 10), 65535 // 2, dtype=np.uint16))
+    sixteen_pixels = np.full((12, 10), 65535 // 2, dtype=np.uint16)
+    sixteen_pixels[11] = 0  # ink
+    sixteen = Image.fromarray(sixteen_pixels)
     alpha = Image.new("RGBA", (10, 12), (0, 0, 0, 0))
     alpha.paste((10, 20, 30, 255), (0, 0, 5, 12))
     files = {"cmyk.jpg": cmyk.getvalue(), "pal.png": _png(palette), "16.png": _png(sixteen), "alpha.png": _png(alpha)}
@@ -246,7 +250,7 @@ def test_unusual_modes_converted_not_rejected(tmp_path):
     decoded = {name: np.asarray(decode_image(data, 10**6).image) for name, data in files.items()}
     for image in decoded.values():
         assert image.dtype == np.uint8 and image.shape == (12, 10, 3)
-    assert decoded["cmyk.jpg"].min() > 240  # CMYK (0,0,0,0) is white paper
+    assert decoded["cmyk.jpg"][:6].min() > 240  # CMYK (0,0,0,0) is white paper
     assert tuple(decoded["pal.png"][0, 0]) == (200, 10, 10) and tuple(decoded["pal.png"][11, 0]) == (0, 0, 0)
     assert decoded["16.png"][0, 0, 0] == 127  # 32767 / 65535 * 255, rounded
     assert tuple(decoded["alpha.png"][0, 0]) == (10, 20, 30) and tuple(decoded["alpha.png"][0, 9]) == (255, 255, 255)
@@ -478,3 +482,41 @@ def test_lone_surrogates_in_any_manifest_value_are_invalid_values(cli, tmp_path)
         assert f"  rejected: {shown}" in result.stderr, result.stderr
     kept = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
     assert [(row["receipt_id"], row["merchant"]) for row in kept] == [("r5", "caf\u00e9 \U0001f9fe")]
+
+
+def _png_of(pixels: np.ndarray) -> bytes:
+    return _png(Image.fromarray(pixels))
+
+
+def test_attack_round_20_k1_blank_captures_are_rejected_but_faint_ones_kept(tmp_path):
+    """Attack round 20 K1: one-colour captures (a 1x1 PNG, flat grey, an all-white JPEG, a fully
+    transparent PNG, a flat 16-bit PNG) all embedded to the same vector and were called
+    duplicates across receipts; ingest rejects them as `blank`. A faint capture (pale ink,
+    6 levels from the paper) is kept."""
+    white = io.BytesIO()
+    Image.new("RGB", (60, 120), "white").save(white, "JPEG", quality=75)
+    faint = np.full((120, 60, 3), 246, np.uint8)
+    faint[40:44, 5:50] = 240  # a line of faded thermal print
+    files = {
+        "one.png": _png_of(np.array([[[3, 4, 5]]], np.uint8)),
+        "grey.png": _png_of(np.full((600, 300, 3), 128, np.uint8)),
+        "white.jpg": white.getvalue(),
+        "clear.png": _png(Image.new("RGBA", (40, 80), (0, 0, 0, 0))),
+        "flat16.png": _png(Image.fromarray(np.full((30, 20), 40000, np.uint16))),
+        "nearly.png": _png_of(np.array([[[100, 100, 100], [102, 101, 100]]], np.uint8)),
+        "faint.png": _png_of(faint),
+        "good.jpg": _jpeg(1),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    result = ingest(
+        _write_csv(tmp_path, [f"{name},r{i},d" for i, name in enumerate(files)]), tmp_path / "out", _settings()
+    )
+    assert sorted(row["manifest_path"] for row in result.rows) == ["faint.png", "good.jpg"]
+    reasons = {entry["path"]: entry["reason"] for entry in result.rejected}
+    assert set(reasons.values()) == {"blank"} and len(reasons) == 6
+    details = {entry["path"]: entry["detail"] for entry in result.rejected}
+    assert details["one.png"] == "line 2: one.png: blank, all pixels are one colour: no receipt to embed (1x1, RGB)"
+    assert details["nearly.png"].endswith("all pixels are one colour (within 2 levels): no receipt to embed (2x1, RGB)")
+    report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
+    assert report["rejected_by_reason"] == {"blank": 6}

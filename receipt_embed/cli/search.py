@@ -50,6 +50,18 @@ def _print_results(results: list[dict], threshold) -> None:
     default=None,
     help="The index's checkpoint at a new location (its sha256 must match index.json).",
 )
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Refuse query images with more pixels [the default limit, or the checkpoint's if lower].",
+)
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Refuse larger query files unread [the default limit, or the checkpoint's if lower].",
+)
 @click.option("--all-pairs", is_flag=True, help="Every pair of indexed items at or above --threshold (no IMAGEs).")
 @click.option(
     "--out",
@@ -60,7 +72,9 @@ def _print_results(results: list[dict], threshold) -> None:
 )
 @click.option("--force", is_flag=True, help="With --all-pairs --out FILE: replace an existing FILE.")
 @click.pass_context
-def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs, out_file, force):
+def search(
+    ctx, index_dir, images, k, threshold, as_json, checkpoint, max_pixels, max_bytes, all_pairs, out_file, force
+):
     """Find the indexed captures nearest to each IMAGE, or (--all-pairs) every near-duplicate pair.
 
     \b
@@ -72,7 +86,7 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
 
     given = {
         name
-        for name in ("k", "as_json", "checkpoint")
+        for name in ("k", "as_json", "checkpoint", "max_pixels", "max_bytes")
         if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
     if all_pairs:
@@ -81,7 +95,13 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
         if threshold is None or out_file is None:
             raise InputError("--all-pairs needs --threshold T and --out pairs.csv")
         if given:
-            names = {"k": "--k", "as_json": "--json", "checkpoint": "--checkpoint"}
+            names = {
+                "k": "--k",
+                "as_json": "--json",
+                "checkpoint": "--checkpoint",
+                "max_pixels": "--max-pixels",
+                "max_bytes": "--max-bytes",
+            }
             raise InputError(f"{', '.join(names[n] for n in sorted(given))} apply to image queries, not to --all-pairs")
     else:
         if not images:
@@ -99,7 +119,14 @@ def search(ctx, index_dir, images, k, threshold, as_json, checkpoint, all_pairs,
             _all_pairs(loaded_index, threshold, out_file)
             return
         results = search_images(
-            loaded_index, list(images), load_registry(ctx), k=k, threshold=threshold, checkpoint=checkpoint
+            loaded_index,
+            list(images),
+            load_registry(ctx),
+            k=k,
+            threshold=threshold,
+            checkpoint=checkpoint,
+            max_pixels=max_pixels,
+            max_bytes=max_bytes,
         )
     except BrokenPipeError:
         raise  # a closed pipe (`| head`): click ends the command quietly

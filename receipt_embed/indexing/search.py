@@ -70,19 +70,36 @@ def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) 
     return path
 
 
+def query_limits(ingest, max_pixels: int | None = None, max_bytes: int | None = None) -> tuple[int, int]:
+    """The pixel and byte limits for decoding query images: what the user gave (search
+    ``--max-pixels`` / ``--max-bytes``), else the defaults, lowered where the checkpoint's
+    ``ingest`` settings are lower. A checkpoint is a data file, possibly from elsewhere: it may
+    tighten the decompression-bomb limits, never lift them."""
+    from receipt_embed.images import DEFAULT_MAX_PIXELS
+
+    return (
+        max_pixels if max_pixels is not None else min(ingest.max_pixels, DEFAULT_MAX_PIXELS),
+        max_bytes if max_bytes is not None else min(ingest.max_bytes, DEFAULT_MAX_BYTES),
+    )
+
+
 def check_queries(paths: list[str], max_pixels: int, max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[str]:
-    """Every query is a regular file of at most ``max_bytes`` that decodes, else one error
-    listing each bad one (a FIFO or device is named, never opened); returns each sha256."""
+    """Every query is a regular file of at most ``max_bytes`` that decodes and is not blank,
+    else one error listing each bad one (a FIFO or device is named, never opened); returns
+    each sha256. A limit's error names the search option that raises it."""
     from receipt_embed.images import ImageRejected, decode_image
 
     digests, problems = [], []
     for path in paths:
         try:
             data = read_regular(path, max_bytes)
-            decode_image(data, max_pixels, name=str(path))
+            decode_image(data, max_pixels, name=str(path), max_pixels_key="search --max-pixels N")
             digests.append(hashlib.sha256(data).hexdigest())
         except UnusableFile as exc:
-            problems.append(f"{path}: not found" if exc.reason == "missing_file" else str(exc))
+            if exc.reason == "too_large":
+                problems.append(f"{exc} (raise search --max-bytes N if it is genuine)")
+            else:
+                problems.append(f"{path}: not found" if exc.reason == "missing_file" else str(exc))
         except ImageRejected as exc:
             problems.append(exc.detail)
     if problems:
@@ -110,13 +127,19 @@ def search_images(
     threshold: float | None = None,
     checkpoint: str | Path | None = None,
     batch_size: int = 128,
+    max_pixels: int | None = None,
+    max_bytes: int | None = None,
 ) -> list[dict]:
-    """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict."""
+    """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict. Queries
+    are decoded within :func:`query_limits` (``max_pixels`` / ``max_bytes``: the user's own)."""
     from receipt_embed.embedding import embed_paths, load_model
 
     loaded = load_model(resolve_checkpoint(index_dir, checkpoint), registry)
-    digests = check_queries(images, loaded.config.ingest.max_pixels, loaded.config.ingest.max_bytes)
-    vectors = embed_paths(loaded, [str(p) for p in images], index_dir.meta["features"], batch_size=batch_size)
+    limits = query_limits(loaded.config.ingest, max_pixels, max_bytes)
+    digests = check_queries(images, *limits)
+    vectors = embed_paths(
+        loaded, [str(p) for p in images], index_dir.meta["features"], batch_size=batch_size, limits=limits
+    )
     sims, ids = neighbours(index_dir, vectors, k)
     results = []
     for path, digest, row_sims, row_ids in zip(images, digests, sims, ids):

@@ -203,6 +203,11 @@ def test_a_huge_ivf_list_count_is_refused_before_faiss_allocates():
         ("PQ0", "PQ0 has an empty code"),
         ("LSQ200x8", "LSQ200x8 has 200 codebooks; at most 32 are built"),
         ("RQ20x8_20x8", "has 40 codebooks; at most 32"),
+        # attack round 21 L1: NSG160 on 180 vectors never finished and ignored SIGTERM/SIGINT
+        ("NSG160", "NSG160 needs at least 320 vectors (twice its degree), got 300; use NSG32"),
+        # attack round 21 L2: FAISS aborts the process (SIGABRT) searching an IVF inside Refine
+        ("IVF4,SQ8,Refine(IVF2,Flat)", "a Refine(...) stage re-ranks with stored codes, so it must be Flat"),
+        ("IVF4,PQ4,Refine(HNSW8)", "not HNSW8"),
     ],
 )
 def test_factory_sizes_are_refused_in_one_line_naming_the_factory(factory, message):
@@ -227,6 +232,9 @@ def test_factory_sizes_are_refused_in_one_line_naming_the_factory(factory, messa
         "PCAR8,IVF4,PQ4x4",
         "OPQ4_16,IVF4,PQ4x4",
         "RR32,Flat",
+        "NSG32",
+        "IVF4,SQ8,Refine(SQ8)",
+        "IVF4,PQ4x4,Refine(Flat)",
     ],
 )
 def test_usual_factories_pass_the_size_check(factory):

@@ -142,6 +142,17 @@ def check_factory_sizes(factory: str, n: int, train_size: int | None = None, dim
                     f"{name}: {kind}{shortened(match[1])} is outside {kind}{low} to {kind}{high}, the graph "
                     f"degrees receipt-embed builds (FAISS's docs use 4 to 64; e.g. {kind}32)"
                 )
+            if kind == "NSG" and 2 * degree > n:  # NSG160 on 180 vectors never finished, deaf to signals
+                raise IndexBuildError(
+                    f"{name}: {kind}{degree} needs at least {2 * degree} vectors (twice its degree), got {n}; "
+                    f"use NSG{max(low, min(32, n // 2))}, HNSW32 or Flat"
+                )
+    for match in re.finditer(r"Refine\(([^()]*(?:\([^()]*\))?[^()]*)\)", text):
+        if re.search(r"IVF|IMI|HNSW|NSG", match[1]):  # FAISS aborts the process searching it
+            raise IndexBuildError(
+                f"{name}: a Refine(...) stage re-ranks with stored codes, so it must be Flat, SQ or PQ storage, "
+                f"not {shortened(match[1])} (e.g. IVF64,PQ8,Refine(SQ8))"
+            )
     for match in re.finditer(r"(?<![A-Za-z])PQ(\d+)(?:x(\d+))?(fs)?", text):
         m = _number(match[1])
         bits = _number(match[2]) if match[2] else 4 if match[3] else 8

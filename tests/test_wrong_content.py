@@ -300,6 +300,30 @@ def test_a_checkpoint_format_version_of_true_is_refused(trained, tmp_path):
     assert not (tmp_path / "ix").exists()
 
 
+def test_parameters_and_cycles_in_a_checkpoint_load_quietly_and_index_the_same(trained, tmp_path):
+    """Attack round 21 L3: a weight saved as an ``nn.Parameter`` made torch print "Converting a tensor with
+    requires_grad=True to a scalar" (with a literal \\n) from the checkpoint checks. The weights are taken as
+    plain tensors: no warning, and the index equals the one from the untampered file. A list holding
+    itself (pickle allows it) is walked once, not forever."""
+    best = trained / "run" / "checkpoints" / "best.pt"
+
+    def change(state):
+        state["model"][_first_weight(state)] = torch.nn.Parameter(state["model"][_first_weight(state)])
+        loop = [1]
+        loop.append(loop)
+        state["extra"] = {"loop": loop}
+
+    path = _tampered_checkpoint(best, tmp_path / "param.pt", change)
+    results = {}
+    for name, checkpoint in (("plain", best), ("param", path)):
+        out = tmp_path / name
+        result = run_cli("index", "--checkpoint", checkpoint, "--data", trained / "dataset", "--out", out, "-q")
+        assert result.returncode == 0, result.stderr
+        assert "requires_grad" not in result.stderr and "Warning" not in result.stderr, result.stderr
+        results[name] = np.load(out / "embeddings.npy")
+    np.testing.assert_array_equal(results["plain"], results["param"])
+
+
 def _peak_memory_kb(*args) -> tuple[int, str, int]:
     """``python -m receipt_embed ARGS``: exit code, stderr and the process's own peak RSS (KB)."""
     import os

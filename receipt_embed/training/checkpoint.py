@@ -48,6 +48,24 @@ def _torch_load(path: Path, handle) -> object:
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {reason}") from None
 
 
+def _detached(state: object) -> object:
+    """``train`` saves plain tensors; an ``nn.Parameter`` (``requires_grad``) in a hand-made file would
+    make torch warn at every ``float(t)`` of the checks below, so each is replaced by its data."""
+    pending, seen = [state], set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:  # a pickle may hold a list inside itself
+            continue
+        seen.add(id(node))
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in list(items):
+            if torch.is_tensor(value) and value.requires_grad:
+                node[key] = value.detach()
+            elif isinstance(value, (dict, list)):
+                pending.append(value)
+    return state
+
+
 def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     try:
@@ -65,7 +83,7 @@ def load_checkpoint(path: str | Path) -> dict:
             what = "an empty file" if not head else "not a zip archive as torch.save writes"
             raise CheckpointError(f"{path} is not a checkpoint: {what}")
         handle.seek(0)
-        state = _torch_load(path, handle)
+        state = _detached(_torch_load(path, handle))
     # type, not ==: True == 1, and a bool is no format version
     version = state.get("format_version") if isinstance(state, dict) else None
     if type(version) is not int or version != FORMAT_VERSION:

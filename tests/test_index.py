@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import shutil
 import warnings
 
@@ -421,6 +422,33 @@ def test_small_training_sets_and_missed_targets_are_explained():
     with pytest.warns(UserWarning, match="stays below the target 0.99"):
         built = build_index(x, "PCA4,Flat", target_recall=0.99)
     assert built.recall_at_10 < 0.99
+
+
+@pytest.mark.parametrize(
+    "factory,advice",
+    [
+        ("PCA4,Flat", "its PCA stage keeps 4 of 32 dimensions (a larger output dim, or none, raises it)"),
+        ("IVF2,PQ2x4fs", "its codes are lossy (more PQ bytes, or an RFlat stage"),
+        ("IVF2,PQ2x4,Refine(PQ2x4)", "it re-ranks with lossy codes (Refine(Flat), or RFlat"),
+        ("IVF2,PQ1x4,RFlat", "its first stage's codes are too coarse even for 8x exact re-ranking"),
+    ],
+)
+def test_the_low_recall_warning_names_what_limits_this_factory(factory, advice):
+    """Attack round 21 L4: every factory below its recall target was told "more PQ bytes, a Refine(SQ8)
+    stage", also a PCA (whose dropped dimensions are the limit) and a Refine stage already there; and a
+    plateau read "recall rose only 0.000 (nprobe=1 -> nprobe=1)"."""
+    x, _ = _clustered(n=1200, d=32)
+    messages = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = build_index(x, factory, target_recall=0.999, recall_queries=300, log=messages.append)
+    below = [str(w.message) for w in caught if "stays below the target 0.999" in str(w.message)]
+    assert built.recall_at_10 < 0.999 and len(below) == 1
+    assert advice in below[0] and "Refine(SQ8)" not in below[0]
+    plateau = [m for m in messages if "keeping the cheaper" in m]
+    for line in plateau:  # the setting that did not pay is named, not the kept one twice
+        tried, kept = re.fullmatch(r"(\S+) reached recall@10 [\d.]+ against [\d.]+ at (\S+); keeping .*", line).groups()
+        assert tried != kept
 
 
 def test_shards_merge_into_the_same_index(cli, trained, tmp_path):

@@ -419,24 +419,57 @@ def _tune(index, factory: str, queries: np.ndarray, truth: np.ndarray, target_re
     best: tuple[str, float] = ("", -1.0)
     for group in search_candidates(index):
         previous_best = best
+        tried: tuple[str, float] = ("", -1.0)  # the best of this group
         for params in group:
             set_search_params(index, params)
             recall = recall_at(index.search(queries, k)[1], truth)
             log(f"{params or factory}: recall@{k} {recall:.3f} against exact search")
-            if recall > best[1]:
-                best = (params, recall)
+            if recall > tried[1]:
+                tried = (params, recall)
             if recall >= target_recall:
                 break
+        best = max(best, tried, key=lambda setting: setting[1])
         if best[1] >= target_recall:
             break
         gain = best[1] - previous_best[1]
         if previous_best[1] >= 0 and gain < PLATEAU * (target_recall - previous_best[1]):
             # doubling the search cost closed under a tenth of the gap: the codes limit recall
             log(
-                f"recall rose only {gain:.3f} ({previous_best[0]} -> {best[0]}); keeping the cheaper {previous_best[0]}"
+                f"{tried[0]} reached recall@{k} {tried[1]:.3f} against {previous_best[1]:.3f} at {previous_best[0]}; "
+                f"keeping the cheaper {previous_best[0]}"
             )
             return previous_best
     return best
+
+
+# FAISS index classes whose stored codes are lossy (PQ, SQ, LSH, residual and additive quantizers)
+LOSSY_STORAGE = re.compile(r"PQ|ScalarQuantizer|SQ|LSH|Residual|LocalSearch|Additive")
+
+
+def _recall_advice(index) -> str:
+    """What limits recall against exact search in this index, and what would raise it: a transform
+    that drops dimensions, a re-ranking stage with lossy codes, lossy codes without re-ranking."""
+    import faiss
+
+    limits = [
+        f"its {type(t).__name__.removesuffix('Matrix').removesuffix('Transform')} stage keeps {t.d_out} of "
+        f"{t.d_in} dimensions (a larger output dim, or none, raises it)"
+        for t in _transforms(index)
+        if t.d_out < t.d_in
+    ]
+    parts = _parts(index)
+    refine = next((part for part in parts if hasattr(part, "refine_index")), None)
+    if refine is not None:
+        refined_with = faiss.downcast_index(refine.refine_index)
+        if isinstance(refined_with, faiss.IndexFlat):
+            limits.append("its first stage's codes are too coarse even for 8x exact re-ranking (give it more bytes)")
+        else:
+            limits.append("it re-ranks with lossy codes (Refine(Flat), or RFlat, re-ranks with the exact vectors)")
+    elif any(LOSSY_STORAGE.search(type(part).__name__) for part in parts):
+        limits.append("its codes are lossy (more PQ bytes, or an RFlat stage that re-ranks with the exact vectors)")
+    if not limits:
+        return "Flat or HNSW32 raise it"
+    return "; ".join(limits)
 
 
 def build_index(
@@ -472,7 +505,7 @@ def build_index(
         warnings.warn(
             f"{factory}: recall@{k} {recall:.3f} against exact search stays below the target {target_recall}"
             + (f" at the best setting ({params})" if params else " (it has no search parameter to raise)")
-            + "; finer codes (more PQ bytes, a Refine(SQ8) stage) or Flat/HNSW raise it"
+            + f"; {_recall_advice(index)}"
         )
     return BuiltIndex(
         index,

@@ -154,6 +154,16 @@ KINDS: dict[str, ComponentKind] = {
 
 # the kinds a training config selects, in the order a run builds them
 CONFIGURED = tuple(KINDS[name] for name in ("encoder", "loss", "augmentation", "sampler"))
+AUTO = "auto"  # sampler.name that picks the sampler for the loss (resolved when built, never registered)
+
+
+def check_selected_components(config, registry) -> None:
+    """Look up every component ``config`` selects, so a typo fails before anything is built: the
+    registry's ComponentError names the first missing one and lists those available."""
+    for spec in CONFIGURED:
+        if spec.name == "sampler" and spec.selected(config) == AUTO:
+            continue
+        registry.get(spec.name, spec.selected(config))
 
 
 def kind(name: str) -> ComponentKind:

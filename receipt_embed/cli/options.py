@@ -151,17 +151,13 @@ def resolve_config(config_file, overrides):
 
 def check_components(config, registry) -> None:
     """Every component the config names exists (else exit 2 listing the available ones)."""
-    from receipt_embed.kinds import CONFIGURED
+    from receipt_embed.kinds import check_selected_components
     from receipt_embed.registry import ComponentError
-    from receipt_embed.sampling import AUTO
 
-    for spec in CONFIGURED:
-        if spec.name == "sampler" and spec.selected(config) == AUTO:  # resolved from the loss when built
-            continue
-        try:
-            registry.get(spec.name, spec.selected(config))
-        except ComponentError as exc:
-            raise InputError(str(exc)) from None
+    try:
+        check_selected_components(config, registry)
+    except ComponentError as exc:
+        raise InputError(str(exc)) from None
 
 
 def load_registry(ctx: click.Context | None = None, config=None):

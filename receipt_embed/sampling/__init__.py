@@ -5,8 +5,7 @@ from __future__ import annotations
 import inspect
 
 from receipt_embed.batch_layout import ANY, TWO_VIEW
-
-AUTO = "auto"  # sampler.name that picks the sampler for the loss
+from receipt_embed.kinds import AUTO as AUTO  # sampler.name that picks the sampler for the loss
 
 
 def sampler_for_loss(loss) -> str:

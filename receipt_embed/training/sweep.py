@@ -175,17 +175,13 @@ def _swept(config, key: str, value: str):
 def _check_components(config, registry, key: str, value: str) -> None:
     """Every component a value selects exists (``model.encoder=receipt_cnn,typo``): the command
     line checks the config the sweep starts from, not each value, before the first one trains."""
-    from receipt_embed.kinds import CONFIGURED
+    from receipt_embed.kinds import check_selected_components
     from receipt_embed.registry import ComponentError
-    from receipt_embed.sampling import AUTO
 
-    for spec in CONFIGURED:
-        if spec.name == "sampler" and spec.selected(config) == AUTO:  # resolved from the loss when built
-            continue
-        try:
-            registry.get(spec.name, spec.selected(config))
-        except ComponentError as exc:
-            raise ConfigError(f"--sweep '{shortened(f'{key}={value}')}': {exc}") from None
+    try:
+        check_selected_components(config, registry)
+    except ComponentError as exc:
+        raise ConfigError(f"--sweep '{shortened(f'{key}={value}')}': {exc}") from None
 
 
 def _refuse_equal_values(key: str, values: list[str], configs: list) -> None:

@@ -139,14 +139,24 @@ def _old_demo_parts(out: Path) -> None:
     (out / "heldout_retrieval.json").write_text('{"old": true}')
 
 
+def _demo_error(monkeypatch, out: Path, tmp_path: Path, **steps) -> str:
+    """The one-line error of a demo into ``out`` whose steps are replaced by ``steps`` (e.g.
+    ``train=...``; the others do nothing)."""
+    from receipt_embed.cli import demo
+    from receipt_embed.cli.app import InputError
+
+    for step in ("ingest", "train", "index", "audit"):
+        monkeypatch.setattr(demo, f"_{step}_step", steps.get(step, lambda *args: None))
+    with pytest.raises(InputError) as info:
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    return info.value.format_message()
+
+
 def test_a_full_disk_at_the_audit_leaves_no_old_audit_beside_the_new_run(tmp_path, monkeypatch):
     """Attack round 17 G4: ENOSPC at the audit step of `demo --force` left the new dataset, run and
     index beside the previous audit, and said nothing of it. The old index and audit describe the
     replaced run, so they are removed once the new run is trained, and the error says what OUT holds."""
     import errno
-
-    from receipt_embed.cli import demo
-    from receipt_embed.cli.app import InputError
 
     out = tmp_path / "out"
     _old_demo_parts(out)
@@ -159,13 +169,7 @@ def test_a_full_disk_at_the_audit_leaves_no_old_audit_beside_the_new_run(tmp_pat
     def disk_full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_train_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_index_step", new_index)
-    monkeypatch.setattr(demo, "_audit_step", disk_full)
-    with pytest.raises(InputError) as info:
-        demo._run_demo(None, None, out, tmp_path, quiet=True)
-    assert info.value.format_message() == (
+    assert _demo_error(monkeypatch, out, tmp_path, index=new_index, audit=disk_full) == (
         f"No space left on device; the demo in {out} replaced dataset, run, index; removed the previous audit "
         f"(built from the replaced run): run it again with `receipt-embed demo --out {out} --force`"
     )
@@ -176,8 +180,6 @@ def test_a_full_disk_at_the_audit_leaves_no_old_audit_beside_the_new_run(tmp_pat
 def test_a_demo_failing_in_its_index_step_says_the_old_index_and_audit_were_removed(tmp_path, monkeypatch):
     """Attack round 17 G4: an index step that failed (a full disk, a second writer) left the previous
     index and audit beside the new run; the one-line error now says they were removed."""
-    from receipt_embed.cli import demo
-    from receipt_embed.cli.app import InputError
     from receipt_embed.errors import BadInput
 
     out = tmp_path / "out"
@@ -186,12 +188,7 @@ def test_a_demo_failing_in_its_index_step_says_the_old_index_and_audit_were_remo
     def refused(*args):
         raise BadInput("disk full writing index.faiss")
 
-    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_train_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_index_step", refused)
-    with pytest.raises(InputError) as info:
-        demo._run_demo(None, None, out, tmp_path, quiet=True)
-    assert info.value.format_message() == (
+    assert _demo_error(monkeypatch, out, tmp_path, index=refused) == (
         f"disk full writing index.faiss; the demo in {out} replaced dataset, run; removed the previous index and "
         f"audit (built from the replaced run): run it again with `receipt-embed demo --out {out} --force`"
     )
@@ -202,8 +199,6 @@ def test_a_demo_failing_in_training_after_a_checkpoint_removes_what_was_built_fr
     """Attack round 17 G4: training that failed after its first checkpoint (the old run is then
     discarded) left the previous index, audit and held-out figures beside a new, unfinished run;
     before a checkpoint the old run is kept, and the error says the index and audit are its own."""
-    from receipt_embed.cli import demo
-    from receipt_embed.cli.app import InputError
     from receipt_embed.errors import BadInput
 
     out = tmp_path / "out"
@@ -212,11 +207,7 @@ def test_a_demo_failing_in_training_after_a_checkpoint_removes_what_was_built_fr
     def fails_before_a_checkpoint(*args):
         raise BadInput("No space left on device")
 
-    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_train_step", fails_before_a_checkpoint)
-    with pytest.raises(InputError) as info:
-        demo._run_demo(None, None, out, tmp_path, quiet=True)
-    assert info.value.format_message() == (
+    assert _demo_error(monkeypatch, out, tmp_path, train=fails_before_a_checkpoint) == (
         f"No space left on device; the demo in {out} replaced dataset; index, audit are the previous run's; run was "
         f"not made: run it again with `receipt-embed demo --out {out} --force`"
     )
@@ -227,10 +218,7 @@ def test_a_demo_failing_in_training_after_a_checkpoint_removes_what_was_built_fr
         (out / "run" / "checkpoints" / "last.pt").write_bytes(b"new")
         raise BadInput("No space left on device")
 
-    monkeypatch.setattr(demo, "_train_step", fails_after_a_checkpoint)
-    with pytest.raises(InputError) as info:
-        demo._run_demo(None, None, out, tmp_path, quiet=True)
-    assert info.value.format_message() == (
+    assert _demo_error(monkeypatch, out, tmp_path, train=fails_after_a_checkpoint) == (
         f"No space left on device; the demo in {out} replaced dataset, run (the new one, unfinished); removed the "
         f"previous index and audit (built from the replaced run): run it again with `receipt-embed demo --out {out} "
         "--force`"

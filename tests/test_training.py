@@ -438,9 +438,14 @@ def test_schedule_replans_when_resumed_with_more_epochs():
     assert all(b <= a + 1e-12 for a, b in zip(resumed, resumed[1:]))  # no climbing back up
 
 
+def _train_epochs(data: Path, run: Path, epochs: int, resume: bool = False) -> None:
+    """``train`` of the tiny config for ``epochs`` epochs, quietly."""
+    config = load_config(overrides=[*TINY, f"train.epochs={epochs}"])
+    train(config, data, run, builtin_registry(), resume=resume, progress=False, log=lambda m: None)
+
+
 def test_resume_refuses_another_dataset(dataset, tmp_path):
-    config = load_config(overrides=[*TINY, "train.epochs=1"])
-    train(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
+    _train_epochs(dataset, tmp_path / "run", 1)
     other = tmp_path / "other"
     ingest(REPO / "data_samples", other, load_config(overrides=["ingest.seed=7"]).ingest)
     with pytest.raises(
@@ -448,15 +453,7 @@ def test_resume_refuses_another_dataset(dataset, tmp_path):
         match=rf"cannot resume .* the run was trained on {dataset}, whose manifest "
         rf"differs; resume with --data {dataset}",
     ):
-        train(
-            load_config(overrides=[*TINY, "train.epochs=2"]),
-            other,
-            tmp_path / "run",
-            builtin_registry(),
-            resume=True,
-            progress=False,
-            log=lambda m: None,
-        )
+        _train_epochs(other, tmp_path / "run", 2, resume=True)
 
 
 def test_fresh_run_rewrites_data_json_and_a_missing_dataset_is_named(dataset, tmp_path):
@@ -469,26 +466,11 @@ def test_fresh_run_rewrites_data_json_and_a_missing_dataset_is_named(dataset, tm
     )  # leftovers, no checkpoint
     copy = tmp_path / "copy"
     shutil.copytree(dataset, copy)
-    train(
-        load_config(overrides=[*TINY, "train.epochs=1"]),
-        copy,
-        run,
-        builtin_registry(),
-        progress=False,
-        log=lambda m: None,
-    )
+    _train_epochs(copy, run, 1)
     assert json.loads((run / "data.json").read_text())["data_dir"] == str(copy)
     shutil.rmtree(copy)
     with pytest.raises(CheckpointError, match=rf"{copy} holds no manifest.jsonl \(moved or deleted\?\)"):
-        train(
-            load_config(overrides=[*TINY, "train.epochs=2"]),
-            copy,
-            run,
-            builtin_registry(),
-            resume=True,
-            progress=False,
-            log=lambda m: None,
-        )
+        _train_epochs(copy, run, 2, resume=True)
 
 
 def test_resume_on_a_changed_manifest_does_not_advise_the_same_path(tmp_path):
@@ -513,14 +495,7 @@ def test_resume_on_a_changed_manifest_does_not_advise_the_same_path(tmp_path):
 def one_epoch_run(dataset, tmp_path_factory) -> Path:
     """A run dir of one tiny epoch; tests copy it before changing it."""
     run = tmp_path_factory.mktemp("one_epoch") / "run"
-    train(
-        load_config(overrides=[*TINY, "train.epochs=1"]),
-        dataset,
-        run,
-        builtin_registry(),
-        progress=False,
-        log=lambda m: None,
-    )
+    _train_epochs(dataset, run, 1)
     return run
 
 

@@ -51,6 +51,36 @@ def test_receipt_cnn_widths_are_checked_before_any_layer_is_built(widths):
         builtin_registry().create("encoder", "receipt_cnn", in_channels=1, grid=(2, 1), widths=widths)
 
 
+@pytest.mark.parametrize("stem", [0, 9, 2.0, True, "4"])
+def test_receipt_cnn_stem_is_checked(stem):
+    from receipt_embed.registry import ComponentError
+
+    with pytest.raises(ComponentError, match=r"model\.params\.stem must be a whole number from 1 to 8 "):
+        builtin_registry().create("encoder", "receipt_cnn", in_channels=1, grid=(2, 1), stem=stem)
+
+
+def test_a_stem_of_4_sees_a_page_twice_the_size_through_the_same_later_stages():
+    """``stem: 4`` takes 256 x 128 to the grid the default stem gives 128 x 64: same feature size and
+    later layers; its first layer is a 4 x 4 patch projection whose every pixel reaches the output. The
+    default stem keeps the architecture older checkpoints hold (same keys and shapes)."""
+    registry = builtin_registry()
+    default = registry.create("encoder", "receipt_cnn", in_channels=1, grid=(4, 2))
+    wide = registry.create("encoder", "receipt_cnn", in_channels=1, grid=(4, 2), stem=4)
+    shapes = {name: tuple(t.shape) for name, t in default.state_dict().items()}
+    assert shapes["trunk.0.0.weight"] == (32, 1, 3, 3)
+    assert {name: tuple(t.shape) for name, t in wide.state_dict().items()} == {
+        **shapes,
+        "trunk.0.0.weight": (32, 1, 4, 4),
+    }
+    default.eval(), wide.eval()
+    with torch.no_grad():
+        assert default(torch.rand(2, 1, 128, 64)).shape == wide(torch.rand(2, 1, 256, 128)).shape == (2, 1024)
+    page = torch.rand(1, 1, 256, 128, requires_grad=True)
+    first = wide.trunk[0][0](page)
+    first.sum().backward()
+    assert first.shape == (1, 32, 64, 32) and bool((page.grad != 0).all())  # no pixel skipped
+
+
 def _config(*overrides):
     from conftest import TINY_TRAINING
 

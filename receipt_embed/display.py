@@ -10,6 +10,7 @@ escapes control characters itself.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
@@ -67,3 +68,24 @@ def utf8_safe(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+# A spreadsheet runs a cell starting with one of these as a formula (=HYPERLINK(...), +cmd|...)
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+# bidirectional overrides and isolates: invisible, they reorder the text drawn around them
+_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
+
+def spreadsheet_safe(value):
+    """A text value for a CSV a reviewer opens in a spreadsheet: one that a spreadsheet would run
+    as a formula gets a leading ``'`` (numbers such as ``-0.25`` stay numbers), and a bidi
+    override is written as its escape (``\\u202e``), so a receipt id cannot run a formula or show
+    another id's text. Other values are returned as they are."""
+    if not isinstance(value, str):
+        return value
+    if _BIDI_CONTROLS.search(value):
+        value = _BIDI_CONTROLS.sub(lambda match: _escape(match.group()), value)
+    if value.startswith(_FORMULA_STARTS) and not _NUMBER.fullmatch(value):
+        value = "'" + value
+    return value

@@ -168,6 +168,49 @@ def test_manifest_columns_that_ingest_writes_are_refused(tmp_path):
     assert ingest(tmp_path, tmp_path / "out", _settings()).rows[0]["split"] == "train"
 
 
+def test_attack_round_22_mb4_jsonl_keys_lose_their_spaces_and_case_variants_of_own_columns_are_refused(tmp_path):
+    """Attack round 22 MB4: a JSONL key " sha256" slipped past the reserved-name check (CSV
+    headers were stripped, JSONL keys were not), and a `Split` column was kept as metadata, its
+    splits ignored. JSONL keys are now stripped as CSV headers are, and a column that is one of
+    ingest's own names in other letter case is refused, naming the rename."""
+    (tmp_path / "a.jpg").write_bytes(_jpeg(0))
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"path": "a.jpg", "receipt_id": "r1", "device": "phone", " sha256": "abc"}) + "\n")
+    with pytest.raises(ManifestError, match=r"column\(s\) sha256 are written by ingest"):
+        ingest(manifest, tmp_path / "out", _settings())
+    manifest.write_text(
+        json.dumps({"path": "a.jpg", "receipt_id": "r1", "device": "phone", "split ": "train", "split": "val"}) + "\n"
+    )
+    with pytest.raises(ManifestError, match=r"line 1: key\(s\) 'split' given twice"):
+        ingest(manifest, tmp_path / "out", _settings())
+    manifest.write_text(json.dumps({" path ": "a.jpg", "receipt_id": "r1", "device": "phone", "split": "val"}) + "\n")
+    assert ingest(manifest, tmp_path / "out", _settings()).rows[0]["split"] == "val"
+    for name, header in (("Split", "path,receipt_id,device,Split"), ("SHA256", "path,receipt_id,device,SHA256")):
+        csv_manifest = tmp_path / f"{name}.csv"
+        csv_manifest.write_text(f"{header}\na.jpg,r1,phone,train\n")
+        result = run_cli("ingest", csv_manifest, "--out", tmp_path / name, timeout=HANG)
+        assert (
+            result.returncode == 2
+            and f"column(s) {name} differ from ingest's own column names only in letter case" in result.stderr
+        ), result.stderr
+        assert f"'{name}' -> '{name.lower()}'" in result.stderr and "Traceback" not in result.stderr
+        assert not (tmp_path / name).exists()
+    np.save(tmp_path / "x.npy", np.eye(1, 4, dtype=np.float32))
+    result = run_cli(
+        "index",
+        "--embeddings",
+        tmp_path / "x.npy",
+        "--manifest",
+        tmp_path / "Split.csv",
+        "--out",
+        tmp_path / "ix",
+        timeout=HANG,
+    )
+    assert result.returncode == 2 and "'Split' -> 'split'" in result.stderr and not (tmp_path / "ix").exists(), (
+        result.stderr
+    )
+
+
 # --- the manifest and the config ------------------------------------------------------
 
 

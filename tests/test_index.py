@@ -752,3 +752,64 @@ def test_attack_round_20_k4_limit_errors_name_the_search_options(cli, trained, h
         "search", heldout_index, "--all-pairs", "--threshold", "1", "--out", tmp_path / "p.csv", "--max-pixels", "9"
     )
     assert result.returncode == 2 and "--max-pixels apply to image queries, not to --all-pairs" in result.stderr
+
+
+def test_attack_round_22_mc2_pairs_csv_cells_cannot_run_a_formula_or_reorder_text(tmp_path):
+    """Attack round 22 MC2: a receipt id a spreadsheet would run as a formula gets a leading
+    quote in pairs.csv, a bidi override is written as its escape, and numbers stay numbers."""
+    from receipt_embed.display import spreadsheet_safe
+
+    ids = ['=HYPERLINK("http://x","y")', "@SUM(A1)", "+1+1", "-2+3", "\tr4", "-5", "r\u202eEVIL", "ok"]
+    expected = {
+        ids[0]: "'" + ids[0],
+        ids[1]: "'@SUM(A1)",
+        ids[2]: "'+1+1",
+        ids[3]: "'-2+3",
+        ids[4]: "'\tr4",
+        ids[5]: "-5",
+        ids[6]: "r\\u202eEVIL",
+        ids[7]: "ok",
+    }
+    assert {value: spreadsheet_safe(value) for value in ids} == expected
+    assert spreadsheet_safe(-0.25) == -0.25 and spreadsheet_safe("-0.250000") == "-0.250000"
+    ids[4], expected["-r4"] = "-r4", "'-r4"  # a manifest value loses its tab (values are stripped)
+    del expected["\tr4"]
+    x = np.repeat(np.eye(8, 16, dtype=np.float32), 2, axis=0)
+    np.save(tmp_path / "x.npy", x)
+    with open(tmp_path / "m.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device"])
+        writer.writerows([[f"img{i}.jpg", ids[i // 2], "=cmd|' /C calc'!A0"] for i in range(len(x))])
+    build = run_cli(
+        "index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix"
+    )
+    assert build.returncode == 0, build.stderr
+    result = run_cli("search", tmp_path / "ix", "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "pairs.csv")
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "pairs.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted(row["receipt_id_a"] for row in rows) == sorted(expected.values())
+    assert {row["device_a"] for row in rows} == {"'=cmd|' /C calc'!A0"}
+    assert all(row["same_receipt"] == "true" for row in rows)
+
+
+def test_attack_round_22_ma1_a_pairs_csv_created_after_the_first_check_is_not_replaced(tmp_path):
+    """Attack round 22 MA1: two `--all-pairs --out NEW` at once both passed the "exists?" check
+    before either took the lock, and the second replaced the first's rows. The check is repeated
+    under the lock: a file that appeared in between needs --force like any other."""
+    from receipt_embed.cli.options import InputError
+    from receipt_embed.cli.search import _all_pairs, check_pairs_out
+    from receipt_embed.indexing.index_dir import load_index_dir
+
+    index = _pairs_index(tmp_path, ["r0", "r1"])
+    out = tmp_path / "pairs.csv"
+    check_pairs_out(str(out), str(index), force=False)  # the first run's check: no file yet
+    out.write_text(
+        "row_a,row_b,similarity,same_receipt,receipt_id_a,receipt_id_b,device_a,device_b,path_a,path_b\n0,1\n"
+    )
+    before = out.read_bytes()
+    with pytest.raises(InputError, match="already exists; pass --force"):
+        _all_pairs(
+            load_index_dir(index), 0.9, str(out), recheck=lambda: check_pairs_out(str(out), str(index), force=False)
+        )
+    assert out.read_bytes() == before

@@ -10,7 +10,7 @@ import sys
 import click
 
 from receipt_embed.cli.options import CheckpointPath, FiniteFloatRange, GivenPath, InputError, load_registry
-from receipt_embed.display import printable, utf8_safe
+from receipt_embed.display import printable, spreadsheet_safe, utf8_safe
 from receipt_embed.errors import BadInput
 
 
@@ -116,7 +116,7 @@ def search(
             check_pairs_out(out_file, index_dir, force)
         loaded_index = load_index_dir(index_dir)
         if all_pairs:
-            _all_pairs(loaded_index, threshold, out_file)
+            _all_pairs(loaded_index, threshold, out_file, recheck=lambda: check_pairs_out(out_file, index_dir, force))
             return
         results = search_images(
             loaded_index,
@@ -171,10 +171,11 @@ def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
 
 
 def terminal_safe(row, on_terminal: bool):
-    """A CSV row as written: byte-exact to a file or a pipe; on a terminal, text values are escaped
-    (``display.printable``) so a receipt id cannot move the cursor or print a line of its own."""
+    """A CSV row as written: to a file or a pipe with only the spreadsheet guards
+    (``display.spreadsheet_safe``: no formula, no bidi override); on a terminal, text values are
+    escaped (``display.printable``) so a receipt id cannot move the cursor or print a line of its own."""
     if not on_terminal:
-        return row
+        return tuple(spreadsheet_safe(value) for value in row)
     return tuple(printable(value) if isinstance(value, str) else value for value in row)
 
 
@@ -196,7 +197,9 @@ class _NewlineRows:
         self.handle.write(utf8_safe(line[:-2]) + "\n")
 
 
-def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
+def _all_pairs(index_dir, threshold: float, out_file: str, recheck=lambda: None) -> None:
+    """Write the pairs CSV; ``recheck`` repeats the --out checks once the lock is held, so a second
+    run that checked before the first created the file cannot replace it without --force."""
     from receipt_embed.fileio import atomic_open
     from receipt_embed.indexing.search import PAIR_COLUMNS, all_pairs, pair_rows
 
@@ -217,6 +220,7 @@ def _all_pairs(index_dir, threshold: float, out_file: str) -> None:
         from receipt_embed.staging import clean_temporaries
 
         with write_lock(out_file):  # one writer; SIGTERM removes the partial file and says so
+            recheck()
             clean_temporaries(out_file, log=lambda message: click.echo(printable(f"Warning: {message}"), err=True))
             with atomic_open(out_file, "w") as handle:
                 write(handle)

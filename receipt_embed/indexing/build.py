@@ -201,14 +201,17 @@ def _refuse_lone_surrogates(path: Path, row) -> None:
 
 def read_items_manifest(manifest: str | Path) -> tuple[Path, list[dict]]:
     """Rows of a manifest (CSV/JSONL, or a dataset dir) as items, paths made absolute."""
-    from receipt_embed.ingest.manifest import find_manifest, read_manifest
+    from receipt_embed.ingest.manifest import check_column_spellings, find_manifest, read_manifest
     from receipt_embed.ingest.pipeline import MANIFEST_FILE, REPORT_FILE
 
     path = find_manifest(manifest)
     # a dataset an older ingest wrote may hold lone surrogates: kept, as `index --data` keeps them
     written_by_ingest = path.name == MANIFEST_FILE and (path.parent / REPORT_FILE).is_file()
     items = []
-    for row in read_manifest(path):
+    rows = read_manifest(path)
+    if not written_by_ingest:  # a `Split` or `Receipt_ID` column would be kept as metadata, unread
+        check_column_spellings(path, set().union(*(row.fields for row in rows)))
+    for row in rows:
         missing = [key for key in ("path", "receipt_id") if row.fields.get(key) in (None, "")]
         if missing:
             raise BadInput(f"{path}, line {row.line}: missing {', '.join(missing)}")

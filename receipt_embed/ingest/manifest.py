@@ -95,6 +95,21 @@ def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> ManifestError
     return ManifestError(f"{path}: not UTF-8 text ({exc.reason})")
 
 
+def check_column_spellings(path: Path, columns) -> None:
+    """Refuse a column that is one of ingest's own names in other letter case (``Split``,
+    ``SHA256``, ``Receipt_ID`` beside ``receipt_id``): kept as metadata, a ``Split`` column's splits
+    would be ignored and a ``SHA256`` would slip past the reserved-name check."""
+    own = {name.lower(): name for name in (*REQUIRED_COLUMNS, "split", *RESERVED_COLUMNS)}
+    variants = sorted(c for c in columns if c.lower() in own and c != own[c.lower()])
+    if variants:
+        renames = ", ".join(f"{c!r} -> {own[c.lower()]!r}" for c in variants)
+        raise ManifestError(
+            f"{path}: column(s) {', '.join(variants)} differ from ingest's own column names only in "
+            f"letter case, and column names are case-sensitive: rename them ({renames}) to be read as "
+            "ingest's, or to another name to keep them as metadata"
+        )
+
+
 def check_reserved_columns(path: Path, columns) -> None:
     """Refuse manifest columns that ingest writes itself: they would be overwritten, or
     (``duplicate_conflict``, ``source_receipt_id``) trusted as if ingest had found them."""
@@ -166,7 +181,13 @@ def _read_jsonl(path: Path) -> list[ManifestRow]:
             raise ManifestError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
         if len(record) > MAX_COLUMNS:
             raise ManifestError(f"{path}, line {number}: {len(record)} fields; a manifest has at most {MAX_COLUMNS}")
-        fields = {k: (v.strip() if isinstance(v, str) else v) for k, v in record.items()}
+        fields = {k.strip(): (v.strip() if isinstance(v, str) else v) for k, v in record.items()}
+        if len(fields) < len(record):  # " split" and "split": one column once spaces are stripped, as in a CSV
+            repeated = sorted({k.strip() for k in record if sum(j.strip() == k.strip() for j in record) > 1})
+            raise ManifestError(
+                f"{path}, line {number}: key(s) {', '.join(map(repr, repeated))} given twice "
+                "(keys are read without their surrounding spaces)"
+            )
         rows.append(ManifestRow(number, fields))
     return rows
 

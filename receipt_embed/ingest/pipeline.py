@@ -22,6 +22,7 @@ from receipt_embed.ingest.duplicates import resolve_duplicates
 from receipt_embed.ingest.manifest import (
     REQUIRED_COLUMNS,
     ManifestError,
+    check_column_spellings,
     check_reserved_columns,
     find_manifest,
     read_manifest,
@@ -210,6 +211,7 @@ def _checked_rows(manifest_path: Path, root: Path, settings: IngestConfig, progr
             f"{manifest_path}: required column(s) {', '.join(absent)} not found (columns: {', '.join(sorted(columns))}){hint}"
         )
     check_reserved_columns(manifest_path, columns)
+    check_column_spellings(manifest_path, columns)
 
     rejected: list[dict] = []
     candidates = validate_rows(rows, root, settings, rejected, progress)

@@ -140,6 +140,37 @@ def test_substituted_index_faiss_is_refused(embeddings_index, tmp_path, factory,
     assert result.returncode == 2 and "index.faiss" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("factory", ["Flat", "HNSW8"])
+def test_attack_round_22_mc1_an_index_holding_the_rows_in_another_order_is_refused(
+    trained, embeddings_index, tmp_path, factory
+):
+    """Attack round 22 MC1: index.faiss rebuilt from the stored (normalised) vectors in reverse
+    order, checksums resealed, scored every row at ~1 and so loaded, and search then named the
+    wrong receipt as the duplicate. The load-time sample now checks which rows come back."""
+    import faiss
+    import numpy as np
+    from tamper import copy_index, reseal
+
+    from receipt_embed.indexing import IndexDirError, load_index_dir
+    from receipt_embed.indexing.build import index_embeddings
+
+    index_dir = tmp_path / "index"
+    if factory == "Flat":
+        copy_index(embeddings_index[0], index_dir)
+    else:
+        index_embeddings(embeddings_index[0] / "embeddings.npy", trained[0], index_dir, factory=factory)
+    assert load_index_dir(index_dir).index.ntotal == len(embeddings_index[1])  # as built, it loads
+    stored = np.load(index_dir / "embeddings.npy")
+    reversed_index = faiss.index_factory(stored.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    reversed_index.add(np.ascontiguousarray(stored[::-1]))
+    faiss.write_index(reversed_index, str(index_dir / "index.faiss"))
+    reseal(index_dir, "index.faiss")
+    with pytest.raises(IndexDirError, match="index.faiss.*the index's rows are not the items' rows"):
+        load_index_dir(index_dir)
+    result = run_cli("search", index_dir, "--all-pairs", "--threshold", "0.99", "--out", "-", timeout=HANG)
+    assert result.returncode == 2 and "rows are not the items' rows" in result.stderr, result.stderr
+
+
 def test_untouched_index_still_loads(embeddings_index):
     """F7: the load-time check passes an index dir `index` wrote."""
     from receipt_embed.indexing import load_index_dir

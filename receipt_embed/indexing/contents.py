@@ -187,9 +187,9 @@ def _structure(index) -> list[str]:
     return names
 
 
-def check_index_matches(index, embeddings: np.ndarray, meta: dict, index_path: Path, error) -> None:
-    """index.faiss must be the kind of index ``factory`` builds, and hold the stored vectors:
-    a substituted index (another type, unnormalised vectors) would report scores past 1."""
+def check_index_structure(index, meta: dict, index_path: Path, error) -> None:
+    """index.faiss must be the kind of index ``factory`` builds: a substituted index (another
+    type, another metric) would answer with scores of another kind."""
     import faiss
 
     try:
@@ -205,12 +205,27 @@ def check_index_matches(index, embeddings: np.ndarray, meta: dict, index_path: P
             f"{index_path} is a {' > '.join(found)} index (metric {index.metric_type}), but index.json's "
             f"factory {meta['factory']!r} builds {' > '.join(wanted)} (inner product): the file was replaced"
         )
+
+
+# an approximate index must find a sampled row's own vector among its 10 nearest for at least
+# this share of its recorded recall@10 (rows shuffled or swapped find themselves almost never)
+SELF_HIT_SHARE = 0.5
+
+
+def check_index_holds_rows(index, embeddings: np.ndarray, meta: dict, index_path: Path, error) -> None:
+    """index.faiss must hold row i of embeddings.npy as its vector i: search it (with its search
+    parameters set) for a sample of stored rows. Scores past [-1, 1] mean unnormalised vectors;
+    an exact index must return each row's own vector (or an identical twin's) first, and an
+    approximate one must find most rows among their 10 nearest, or its rows belong to other items
+    (reordered or swapped vectors would mark the wrong receipt as the duplicate)."""
     count = len(embeddings)
     if count == 0:
         return
     rows = np.unique(np.linspace(0, count - 1, min(count, SAMPLE_ROWS)).astype(np.int64))
-    scores, _ = index.search(np.ascontiguousarray(embeddings[rows], dtype=np.float32), 1)
+    queries = np.ascontiguousarray(embeddings[rows], dtype=np.float32)
     exact = bool(meta.get("exact"))
+    k = 1 if exact else min(10, count)
+    scores, ids = index.search(queries, k)
     slack = SCORE_SLACK[exact]
     best = scores[:, 0]
     low = 1 - slack if exact else -1 - slack
@@ -221,6 +236,25 @@ def check_index_matches(index, embeddings: np.ndarray, meta: dict, index_path: P
         raise error(
             f"{index_path}: searching it for row {row} of embeddings.npy scores {best[bad[0]]:.4f}, "
             f"expected {wanted_range}: the index does not hold the stored vectors"
+        )
+    valid = (ids >= 0) & (ids < count)
+    found = np.where(valid, ids, 0)
+    # the returned row's stored vector is the query's own (a row, or a twin with the same vector)
+    same = valid & (np.einsum("qkd,qd->qk", embeddings[found], queries) >= 1 - SCORE_SLACK[True])
+    hits = same.any(axis=1)
+    if exact and not hits.all():
+        miss = int(np.flatnonzero(~hits)[0])
+        raise error(
+            f"{index_path}: searching it for row {int(rows[miss])} of embeddings.npy returns row {int(ids[miss, 0])}, "
+            "whose stored vector is another: the index's rows are not the items' rows (reordered or replaced)"
+        )
+    recall = meta.get("recall_at_10")
+    expected = float(recall) if isinstance(recall, (int, float)) and 0 < recall <= 1 else 1.0
+    if not exact and hits.mean() < SELF_HIT_SHARE * expected:
+        raise error(
+            f"{index_path}: searching it for {len(rows)} of its stored rows finds only {int(hits.sum())} of them "
+            f"among their {k} nearest (index.json records recall@10 {expected:.3f}): the index's rows are not "
+            "the items' rows (reordered or replaced)"
         )
 
 

@@ -26,7 +26,8 @@ from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_open, atomic_write_json, atomic_write_jsonl, parse_json, read_jsonl, sha256_file
 from receipt_embed.indexing.contents import (
     check_embeddings,
-    check_index_matches,
+    check_index_holds_rows,
+    check_index_structure,
     check_items,
     check_items_match_dataset,
     check_meta_types,
@@ -283,7 +284,7 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
         problems.append(f"{EMBEDDINGS_FILE} has shape {embeddings.shape}")
     if problems:
         raise IndexDirError(f"{path}: index.json records {count} items of dim {dim}, but " + "; ".join(problems))
-    check_index_matches(index, embeddings, meta, path / INDEX_FILE, IndexDirError)
+    check_index_structure(index, meta, path / INDEX_FILE, IndexDirError)
     check_items_match_dataset(items, meta["source"], path / ITEMS_FILE, IndexDirError)
     params = meta.get("search_params") or ""
     # only a setting `index` itself tunes over: faiss takes any number, and efSearch=-1 drops
@@ -296,6 +297,7 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
             f"(`receipt-embed index` writes one of the settings it tunes: {written}{', ...' if len(settings) > 6 else ''})"
         )
     set_search_params(index, params)
+    check_index_holds_rows(index, embeddings, meta, path / INDEX_FILE, IndexDirError)
     return IndexDir(path, index, items, embeddings, meta)
 
 

@@ -30,23 +30,29 @@ import difflib
 import numpy as np
 
 from receipt_embed.batch_layout import ANY
+from receipt_embed.display import quoted
 from receipt_embed.hookspecs import hookimpl
 from receipt_embed.sampling.samplers import MAX_K, k_view_batch, two_view_batch
 
 __version__ = "1.0"
 
 
+def _shown(value: str | None) -> str:
+    return "empty" if value is None else quoted(value)
+
+
 def receipt_groups(identities, metadata, column: str) -> dict[int, str | None]:
-    """The column's value for each receipt label; errors name the row or the receipt."""
+    """The column's value for each receipt label; errors name the row or the receipt (values quoted
+    as they are: the command line escapes control characters once when it shows the message)."""
     if len(metadata) != len(identities):
         raise ValueError(f"sampler got {len(metadata)} metadata rows for {len(identities)} captures")
     values: dict[int, str | None] = {}
     for row_number, (label, row) in enumerate(zip(identities, metadata), start=1):
         if column not in row:
             close = difflib.get_close_matches(column, list(row), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = f" (did you mean {quoted(close[0])}?)" if close else ""
             raise ValueError(
-                f"sampler column {column!r} is missing from manifest row {row_number} "
+                f"sampler column {quoted(column)} is missing from manifest row {row_number} "
                 f"({row.get('path', '?')}){hint}; columns: {', '.join(sorted(row))}"
             )
         raw = row[column]
@@ -54,8 +60,8 @@ def receipt_groups(identities, metadata, column: str) -> dict[int, str | None]:
         label = int(label)
         if label in values and values[label] != value:
             raise ValueError(
-                f"sampler column {column!r} varies within receipt {row.get('receipt_id', label)!r} "
-                f"({values[label]!r} and {value!r}); group by a column that describes the receipt"
+                f"sampler column {quoted(column)} varies within receipt {quoted(row.get('receipt_id', label))} "
+                f"({_shown(values[label])} and {_shown(value)}); group by a column that describes the receipt"
             )
         values[label] = value
     return values

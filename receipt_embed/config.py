@@ -335,7 +335,10 @@ def _unclear_number(node) -> str | None:
     ``1e400`` would be infinity."""
     if not isinstance(node, yaml.ScalarNode) or node.style:
         return None
-    if node.tag == _NUMBER_TAG and not math.isfinite(_written_number(node.value)):
+    written_out = node.tag == "tag:yaml.org,2002:float" and not node.value.lstrip("+-").startswith(".")  # not .inf
+    if (node.tag == _NUMBER_TAG and not math.isfinite(_written_number(node.value))) or (
+        written_out and ":" not in node.value and not math.isfinite(float(node.value.replace("_", "")))
+    ):
         return (
             f"{shortened(node.value)} is beyond the largest number a config holds (about 1.8e308) and would read "
             "as infinity; write a smaller number"
@@ -403,6 +406,11 @@ def _refuse_repeated_keys(text: str, path: Path) -> None:
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode):
                     line = key.start_mark.line + 1
+                    if key.tag == "tag:yaml.org,2002:merge" and not key.style:
+                        raise ConfigError(
+                            f"config file {path}, line {line}: key '<<' is YAML's merge key (it copies the keys of "
+                            "another mapping in); a config writes its keys out: give them one by one"
+                        )
                     if key.tag != "tag:yaml.org,2002:str" and not key.style:  # YAML reads `on`, `~`, `0` as no name
                         raise ConfigError(
                             f"config file {path}, line {line}: key {shortened(key.value)!r} is not a name (YAML reads "
@@ -452,6 +460,44 @@ def _load_yaml(path: Path) -> dict:
     return data
 
 
+MAX_OVERRIDE_NODES = 9_000  # values, keys and brackets in one --set value
+
+
+def _node_count(node) -> int:
+    """The nodes of a composed YAML value: each scalar, each key, each list or mapping."""
+    count, pending = 0, [node]
+    while pending:
+        item = pending.pop()
+        count += 1
+        if isinstance(item, yaml.MappingNode):
+            for key, value in item.value:
+                pending += [key, value]
+        elif isinstance(item, yaml.SequenceNode):
+            pending.extend(item.value)
+    return count
+
+
+def _has_merge_key(node) -> bool:
+    pending = [node]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, yaml.MappingNode):
+            if any(key.tag == "tag:yaml.org,2002:merge" and not key.style for key, _ in item.value):
+                return True
+            pending.extend(value for _, value in item.value)
+        elif isinstance(item, yaml.SequenceNode):
+            pending.extend(item.value)
+    return False
+
+
+def _drops_a_comment(text: str, value) -> bool:
+    """Whether YAML reads part of an override's value as a comment (`` #`` and after), which a
+    config file may have but a ``--set`` value written on one line almost never means."""
+    if not re.search(r"(^|\s)#", text):
+        return False
+    return not any("#" in str(node.value) for node in _scalars(value))
+
+
 def key_levels(key: str) -> int:
     """How many levels ``key.path`` (or ``list[0]``) nests its value, as a config file would."""
     return key.count(".") + key.count("[") + 1
@@ -476,6 +522,18 @@ def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
             value = None
         for node in _unclear_numbers(value)[:1] if value is not None else ():
             raise ConfigError(f"{where}: {_unclear_number(node)}")
+        if value is not None and _node_count(value) > MAX_OVERRIDE_NODES:  # the config library's own limit is 10,000
+            raise ConfigError(
+                f"{where}: the value has {_node_count(value):,} items and keys; a --set value may have at most "
+                f"{MAX_OVERRIDE_NODES:,}: put a list this long in a config file (--config)"
+            )
+        if value is not None and _has_merge_key(value):
+            raise ConfigError(f"{where}: '<<' is YAML's merge key; a config writes its keys out: give them one by one")
+        if value is not None and _drops_a_comment(item.split("=", 1)[1], value):
+            raise ConfigError(
+                f"{where}: YAML reads the text from ' #' on as a comment and would drop it; quote the value "
+                "if the # belongs to it, or leave the comment out"
+            )
         try:
             layers.append(OmegaConf.from_dotlist([_numbers_written_out(item, value)]))
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:

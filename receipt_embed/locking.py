@@ -63,12 +63,30 @@ def lock_path(out: str | os.PathLike) -> Path:
     return parent / f".{out.name}.lock"
 
 
-def _describe(holder: dict) -> str:
-    command = holder.get("command") or "?"
-    return (
-        f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} (`{command}`, "
-        f"since {holder.get('since', '?')})"
-    )
+def _describe(holder: dict, unrecorded: str) -> str:
+    """``pid 12 on host a (`receipt-embed train ...`, since 2026-...)`` from a lock record, saying
+    only what it holds; ``unrecorded`` when it names no process at all."""
+    pid, host, command, since = (holder.get(key) for key in ("pid", "host", "command", "since"))
+    known = lambda value: isinstance(value, str) and bool(value.strip())  # noqa: E731
+    if not (isinstance(pid, int) and not isinstance(pid, bool)) and not known(host) and not known(command):
+        return unrecorded
+    who = f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) else "a process of unrecorded pid"
+    details = [f"`{command}`"] if known(command) else []
+    details += [f"since {since}"] if known(since) else []
+    return who + (f" on host {host}" if known(host) else "") + (f" ({', '.join(details)})" if details else "")
+
+
+def _took_over(out, stale: dict) -> str:
+    """The warning for a lock taken over: its flock was free, which proves the writer gone only when
+    it ran on this host (a flock taken on another host may not be seen here on a network file system)."""
+    here, host = socket.gethostname(), stale.get("host")
+    left_by = _describe(stale, "a writer that left no record of itself")
+    if isinstance(host, str) and host.strip() and host != here:
+        return (
+            f"took over the lock on {out} left by {left_by}: its lock is free here, but a writer on another "
+            f"host cannot be seen from {here}; if it may still be writing, stop this command"
+        )
+    return f"took over the lock on {out} left by {left_by}, which is no longer running"
 
 
 def _read_holder(fd: int) -> dict:
@@ -104,7 +122,8 @@ def _open_locked(path: Path, out) -> int:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
-            message = f"{out} is being written by {_describe(holder)}: wait for it to finish or stop it"
+            writer = _describe(holder, "another process (which has not written its record yet)")
+            message = f"{out} is being written by {writer}: wait for it to finish or stop it"
             raise DirLocked(message) from None
         try:
             same = os.lstat(path).st_ino == os.fstat(fd).st_ino
@@ -249,8 +268,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
     try:
         stale = _read_holder(fd)
         if stale:
-            message = f"took over the lock on {out} left by {_describe(stale)}, which is no longer running"
-            (log or warnings.warn)(message)
+            (log or warnings.warn)(_took_over(out, stale))
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),

@@ -23,14 +23,14 @@ from pathlib import Path
 import pluggy
 
 from receipt_embed import hookspecs
-from receipt_embed.display import quoted
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.kinds import KINDS
+from receipt_embed.plugin_watch import DISABLE_ENV, PluginCalledExit, plugin_code
 from receipt_embed.registry import ComponentClash, PluginInfo, Registry
 from receipt_embed.userfiles import read_regular_text
 
 ENTRY_POINT_GROUP = "receipt_embed"
-DISABLE_ENV = "RECEIPT_EMBED_DISABLE_PLUGINS"
 DEFAULT_PLUGINS_DIR = "plugins"
 MAX_PLUGIN_BYTES = 8 * 1024 * 1024  # a plugin is a page of Python; anything far larger is not one
 
@@ -54,6 +54,16 @@ class PluginLoadWarning(UserWarning):
 # itself is a failure of that plugin, never a silent end of the command (a real stop signal
 # still stops it: see PluginLoader._fail)
 PLUGIN_RAISES = (BaseException,)
+
+
+MAX_FAILURE_CHARACTERS = 2000  # of a plugin's error in a warning or listing: a message can be megabytes
+
+
+def _safe_repr(value) -> str:
+    try:
+        return repr(value)
+    except Exception:  # a value whose repr raises is the plugin's, and must not end the command
+        return f"<{type(value).__name__} whose repr() failed>"
 
 
 def disabled_plugins() -> set[str]:
@@ -110,12 +120,17 @@ class PluginLoader:
 
         if is_real_stop(exc):
             raise exc  # a real stop signal arrived while the plugin loaded: stop, do not blame the plugin
-        if not isinstance(exc, Exception):  # the plugin's own exit or interrupt: it must not end the command
-            exc = RuntimeError(f"it raised {type(exc).__name__}({', '.join(map(repr, exc.args))}) while loading")
-        detail = (
+        if isinstance(exc, SyntaxError) and exc.lineno:  # one line, not the source and its caret
+            exc = SyntaxError(f"{exc.msg} ({Path(exc.filename or '?').name}, line {exc.lineno})")
+        elif isinstance(exc, PluginCalledExit):
+            exc = RuntimeError(str(exc))
+        elif not isinstance(exc, Exception):  # the plugin's own exit or interrupt: it must not end the command
+            exc = RuntimeError(f"it raised {type(exc).__name__}({', '.join(map(_safe_repr, exc.args))})")
+        detail = shortened(
             str(exc)
             if type(exc).__module__.split(".")[0] == "receipt_embed"  # our own messages read whole
-            else "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            else "".join(traceback.format_exception_only(type(exc), exc)).strip(),
+            MAX_FAILURE_CHARACTERS,
         )
         self.registry.failures[name] = detail
         if self.strict:
@@ -212,7 +227,8 @@ class PluginLoader:
                 dist.version if dist else None,
             )
             try:
-                module = ep.load()
+                with plugin_code(ep.name, "loading"):
+                    module = ep.load()
             except PLUGIN_RAISES as exc:
                 self._fail(ep.name, exc)
                 continue
@@ -241,7 +257,8 @@ class PluginLoader:
                 spec = importlib.util.spec_from_file_location(module_name, path)
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[module_name] = module
-                exec(compile(source, str(path), "exec"), module.__dict__)
+                with plugin_code(name, "loading"):
+                    exec(compile(source, str(path), "exec"), module.__dict__)
             except PLUGIN_RAISES as exc:
                 sys.modules.pop(module_name, None)
                 missing = getattr(exc, "name", None)
@@ -271,7 +288,8 @@ class PluginLoader:
                     self.registry.add(_kind, _plugin, **bound.arguments)
 
                 try:
-                    impl.function(register=register)
+                    with plugin_code(plugin, f"calling {spec.hook} of"):
+                        impl.function(register=register)
                 except ComponentClash:
                     raise  # two plugins claim one name: the user has to choose
                 except PLUGIN_RAISES as exc:

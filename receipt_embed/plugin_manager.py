@@ -15,18 +15,20 @@ from pathlib import Path
 
 import pluggy
 
-from receipt_embed.display import quoted
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.plugin_loader import (  # noqa: F401  (re-exported: the names plugin authors and tests use)
     BUILTIN_PLUGINS,
     DEFAULT_PLUGINS_DIR,
     DISABLE_ENV,
     ENTRY_POINT_GROUP,
+    MAX_FAILURE_CHARACTERS,
     PluginLoader,
     PluginLoadError,
     PluginLoadWarning,
     disabled_plugins,
 )
+from receipt_embed.plugin_watch import PluginCalledExit, plugin_code
 from receipt_embed.registry import Registry
 
 
@@ -58,13 +60,19 @@ def call_hook(registry: Registry, hook_name: str, where: str = "", **kwargs) -> 
         try:
             args = [kwargs[name] for name in impl.argnames]
             optional = {name: kwargs[name] for name in getattr(impl, "kwargnames", ()) if name in kwargs}
-            results[impl.plugin_name] = impl.function(*args, **optional)
+            with plugin_code(impl.plugin_name, f"calling {hook_name} of"):
+                results[impl.plugin_name] = impl.function(*args, **optional)
         except BaseException as exc:  # an exit a hook raises is its failure, never the end of training
             from receipt_embed.stops import is_real_stop
 
             if is_real_stop(exc):
                 raise
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            detail = shortened(
+                str(exc)
+                if isinstance(exc, PluginCalledExit)
+                else "".join(traceback.format_exception_only(type(exc), exc)).strip(),
+                MAX_FAILURE_CHARACTERS,
+            )
             at = f" ({where})" if where else ""
             if registry.strict:
                 raise PluginLoadError(

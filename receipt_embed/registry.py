@@ -15,11 +15,14 @@ import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from receipt_embed.display import quoted, shortened
-from receipt_embed.errors import ComponentError
+from receipt_embed.errors import BadInput, ComponentError
 from receipt_embed.kinds import KINDS as COMPONENT_KINDS
+
+_PACKAGE_DIR = Path(__file__).resolve().parent  # receipt-embed's own code, told apart from a plugin's
 
 # what each kind is (its hook, config keys, framework arguments): receipt_embed/kinds.py
 KINDS = {name: spec.hook for name, spec in COMPONENT_KINDS.items()}  # kind -> the hook that registers it
@@ -56,11 +59,16 @@ def plugin_errors(registry: Registry, kind: str, name: str, doing: str, exits_on
     except BaseException as exc:
         import traceback
 
-        from receipt_embed.stops import is_real_stop
+        from receipt_embed.stops import is_real_stop, note_stopped_while
 
-        if is_real_stop(exc) or (exits_only and isinstance(exc, Exception)):
-            raise  # a real stop signal arrived while the plugin's code ran, or an error of our own code
+        if is_real_stop(exc):  # a real stop signal arrived while the plugin's code ran: its line names it
+            note_stopped_while(f"{doing} in {kind} {quoted(name)} (plugin {quoted(component.plugin)})")
+            raise
+        if exits_only and isinstance(exc, Exception):
+            raise  # an error of our own code
         frames = traceback.extract_tb(exc.__traceback__)
+        if isinstance(exc, BadInput) and frames and Path(frames[-1].filename).resolve().is_relative_to(_PACKAGE_DIR):
+            raise  # receipt-embed's own check of what the plugin returned: its message names the component
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         text = _described(exc)
         raise ComponentError(
@@ -174,9 +182,11 @@ class Registry:
         if existing is not None and existing.plugin == plugin:
             raise InvalidComponent(f"plugin {quoted(plugin)} registers {kind} {quoted(name)} twice")
         if existing is not None:
+            from receipt_embed.plugin_watch import skip_advice
+
             raise ComponentClash(
                 f"{kind} {quoted(name)} is registered by two plugins: {quoted(existing.plugin)} and {quoted(plugin)}; "
-                f"disable one with RECEIPT_EMBED_DISABLE_PLUGINS={plugin}"
+                f"leave one out: {skip_advice(plugin)}"
             )
         self.components[kind][name] = Component(kind, name, factory, plugin, description)
 

@@ -26,7 +26,7 @@ from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
 from receipt_embed.locking import write_lock
 from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind, is_mount_point
-from receipt_embed.stops import raise_if_stopped
+from receipt_embed.stops import forget_swapped_in, note_swapped_in, raise_if_stopped
 
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -149,7 +149,9 @@ def swap_in(staging: Path, out: Path) -> None:
     """Put the complete ``staging`` dir in place of ``out`` and remove the old copy."""
     if not out.exists():
         os.rename(staging, out)
+        note_swapped_in(out)
     elif exchange(staging, out):
+        note_swapped_in(out)
         fsync_dir(out.parent)
         shutil.rmtree(staging, ignore_errors=True)  # now the old copy
         return
@@ -161,6 +163,7 @@ def swap_in(staging: Path, out: Path) -> None:
         except BaseException:
             os.rename(aside, out)
             raise
+        note_swapped_in(out)
         fsync_dir(out.parent)
         shutil.rmtree(aside, ignore_errors=True)
     fsync_dir(out.parent)
@@ -190,6 +193,7 @@ def replace_dir(out: str | os.PathLike, kind: str, force: bool = False, log=None
             f"write into a folder inside it instead (e.g. --out {out / kind})"
         )
     with write_lock(out, log=log):
+        forget_swapped_in(out)
         clean_leftovers(out, log)
         check_replaceable(out, kind, force)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ PACKAGE = REPO / "receipt_embed"
 # low to high; a module may import its own layer and those below it
 LAYERS = [
     # the base: files, errors, locks, config, the component-kind table
-    {"version", "errors", "display", "batch_layout", "userfiles", "fileio", "npyfile", "stops", "orphans", "workers", "locking", "outdir", "staging", "page_crop", "images", "config",
+    {"version", "errors", "display", "batch_layout", "userfiles", "fileio", "npyfile", "stops", "plugin_watch", "orphans", "workers", "locking", "outdir", "staging", "page_crop", "images", "config",
      "kinds", "registry", "hookspecs", "distributed"},
     # plugins and the components they provide
     {"plugin_manager", "plugin_loader", "builtins", "augment", "sampling", "losses", "models"},

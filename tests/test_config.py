@@ -561,3 +561,50 @@ def test_cli_takes_a_count_in_exponent_form(cli, tmp_path):
         f"Error: config file {path}, line 2: 1e400 is beyond the largest number a config holds (about 1.8e308) and "
         "would read as infinity; write a smaller number\n"
     )
+
+
+def test_attack_round_22_mb7_mb14_mb15_long_values_comments_and_overlong_digits_in_overrides(tmp_path):
+    """A --set list of 10,000 items failed with the config library's own advice about an environment
+    variable; ``--set train.epochs=3 #note`` dropped the comment silently (YAML reads it as one); a
+    401-digit number read as infinity and was reported as "got inf". Underscores between digits
+    read as in Python (1_024 is 1024), by design."""
+    many = "model.params={a: [" + ",".join(["1"] * 10_000) + "]}"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[many])
+    assert str(info.value).endswith(
+        "the value has 10,003 items and keys; a --set value may have at most 9,000: put a list this long in a "
+        "config file (--config)"
+    )
+    assert "OMEGACONF" not in str(info.value)
+    (tmp_path / "long.yaml").write_text("model:\n  params:\n    a: [" + ", ".join(["1"] * 10_000) + "]\n")
+    assert len(load_config(tmp_path / "long.yaml").model.params["a"]) == 10_000
+    for override in ("train.epochs=3 #note", "train.lr=0.1 # a comment", "model.params={a: 1} #x"):
+        with pytest.raises(ConfigError) as info:
+            load_config(overrides=[override])
+        assert str(info.value) == (
+            f"--set '{override}': YAML reads the text from ' #' on as a comment and would drop it; quote the "
+            "value if the # belongs to it, or leave the comment out"
+        )
+    assert load_config(overrides=["model.params={a: 'x #y', b: x#y}"]).model.params == {"a": "x #y", "b": "x#y"}
+    huge = "1" + "0" * 400 + ".0"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"train.lr={huge}"])
+    assert "is beyond the largest number a config holds (about 1.8e308) and would read as infinity" in str(info.value)
+    (tmp_path / "huge.yaml").write_text(f"train:\n  lr: -{huge}\n")
+    with pytest.raises(ConfigError, match=r"huge.yaml, line 2: -1000.* is beyond the largest number"):
+        load_config(tmp_path / "huge.yaml")
+    assert load_config(overrides=["train.epochs=1_0"]).train.epochs == 10
+
+
+def test_attack_round_22_mb11_yaml_merge_keys_are_named_as_such(tmp_path):
+    """``<<:`` in a config file was explained as a key YAML reads as "a number, a boolean or null"."""
+    (tmp_path / "c.yaml").write_text("train:\n  <<: {lr: 0.5}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert str(info.value) == (
+        f"config file {tmp_path / 'c.yaml'}, line 2: key '<<' is YAML's merge key (it copies the keys of another "
+        "mapping in); a config writes its keys out: give them one by one"
+    )
+    with pytest.raises(ConfigError, match=r"^--set 'model.params=\{<<: \{a: 1\}\}': '<<' is YAML's merge key"):
+        load_config(overrides=["model.params={<<: {a: 1}}"])
+    assert load_config(overrides=["model.params={'<<': 1}"]).model.params == {"<<": 1}, "a quoted key is a name"

@@ -232,6 +232,11 @@ def test_same_merchant_sampler_errors_name_the_row_or_receipt(registry):
         build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"column": "merchnt"})
     with pytest.raises(ValueError, match="column 'device' varies within receipt 'r0000'"):
         build_sampler(registry, "same_merchant", labels, rows, 8, 0, {"column": "device"})
+    # attack round 22 MB9: values were quoted with repr, so an ESC read as \\x1b once the message was shown
+    escaped = [{**row, "device": f"\x1b[31m{row['device']}"} for row in rows]
+    with pytest.raises(ValueError) as varies:
+        build_sampler(registry, "same_merchant", labels, escaped, 8, 0, {"column": "device"})
+    assert "'\x1b[31m" in str(varies.value) and "\\x1b" not in str(varies.value)
     blank = [{**row, "merchant": "" if row["receipt_id"] in ("r0000", "r0001") else row["merchant"]} for row in rows]
     sampler = build_sampler(registry, "same_merchant", labels, blank, 8, 0, {})
     list(sampler)

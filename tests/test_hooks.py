@@ -366,3 +366,16 @@ def test_audit_context_refuses_a_column_no_item_has(tmp_path):
     assert context.values("merchant").tolist() == ["m", ""]
     with pytest.raises(KeyError, match="no item has a column 'merchnt' \\(did you mean 'merchant'\\?\\)"):
         context.values("merchnt")
+
+
+def test_attack_round_22_mb10_an_audit_check_summary_is_one_readable_line():
+    """A check's 1,000,000-character summary was printed whole in the terminal and the report."""
+    from receipt_embed.audit.checks import MAX_SUMMARY_CHARACTERS, AuditCheckError, _result
+
+    fine = _result("c", "p", {"figures": {}, "summary": "x" * MAX_SUMMARY_CHARACTERS})
+    assert len(fine["summary"]) == MAX_SUMMARY_CHARACTERS
+    with pytest.raises(AuditCheckError) as info:
+        _result("c", "p", {"figures": {}, "summary": "x" * 1_000_000})
+    assert str(info.value) == (
+        "'summary' is 1,000,000 characters; a summary is one line of at most 2,000 (put data in 'figures')"
+    )

@@ -530,3 +530,42 @@ def test_over_long_names_are_one_line_not_an_internal_error(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "the name is 250 bytes; an output dir's name may have at most 200" in result.stderr
     assert not fits.exists()
+
+
+def test_attack_round_22_mb12_a_csv_value_past_the_readers_limit_is_named_as_such(tmp_path):
+    """A CSV value over 131,072 characters was reported as "malformed CSV"."""
+    from receipt_embed.ingest.manifest import ManifestError, read_manifest
+
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,receipt_id,note\na.jpg,r1,short\nb.jpg,r2," + "x" * 200_000 + "\n")
+    with pytest.raises(ManifestError) as info:
+        read_manifest(manifest)
+    assert str(info.value) == (
+        f"{manifest}, line 3: a value is longer than 131,072 characters, the most a CSV manifest value may have "
+        "(a JSON-lines manifest has no such limit)"
+    )
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (
+            "path,receipt_id,device,",
+            "a column has no name (an empty header cell or JSON key); name it, or delete the column",
+        ),
+        ('path,receipt_id,device,"a\nb"', "column name 'a\nb' holds control or invisible characters"),
+        ("path,receipt_id,device,\x1b[31mred", "column name '\x1b[31mred' holds control or invisible characters"),
+        ("path,receipt_id,device,\u202eevil", "column name '\u202eevil' holds control or invisible characters"),
+        ("path,receipt_id,device,nul\x00", "column name 'nul\x00' holds control or invisible characters"),
+    ],
+)
+def test_attack_round_22_mb5_ingest_refuses_the_column_names_make_samples_refuses(tmp_path, header, message):
+    from receipt_embed.ingest import ingest
+    from receipt_embed.ingest.manifest import ManifestError
+
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(f"{header}\na.jpg,r1,d,x\n", newline="")
+    with pytest.raises(ManifestError) as info:
+        ingest(manifest, tmp_path / "ds")
+    assert str(info.value).startswith(f"{manifest}: {message}")
+    assert not (tmp_path / "ds").exists()

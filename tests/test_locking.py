@@ -105,6 +105,57 @@ def test_a_stale_lock_of_a_killed_writer_is_taken_over_with_a_warning(tmp_path):
     assert not (tmp_path / ".ds.lock").exists()
 
 
+def test_attack_round_22_ma2_ma3_a_lock_record_says_only_what_it_holds_and_another_host_is_not_called_gone(
+    tmp_path,
+):
+    """A stale lock of another host was taken over as "no longer running" (a flock taken on another
+    host may not show here), a record without a start time read "since ?", and a live lock whose
+    holder had not written its record yet read "pid ? on host ?"."""
+    import socket
+    import warnings
+
+    from receipt_embed.locking import DirLocked, write_lock
+
+    out = tmp_path / "ds"
+    (tmp_path / ".ds.lock").write_text(json.dumps({"pid": 4242, "host": "elsewhere", "command": "receipt-embed x"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with write_lock(out):
+            pass
+    assert [str(w.message) for w in caught] == [
+        f"took over the lock on {out} left by pid 4242 on host elsewhere (`receipt-embed x`): its lock is free "
+        f"here, but a writer on another host cannot be seen from {socket.gethostname()}; if it may still be "
+        "writing, stop this command"
+    ]
+    (tmp_path / ".ds.lock").write_text(json.dumps({"pid": 4243, "host": socket.gethostname()}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with write_lock(out):
+            pass
+    assert [str(w.message) for w in caught] == [
+        f"took over the lock on {out} left by pid 4243 on host {socket.gethostname()}, which is no longer running"
+    ]
+    # a live holder that has taken the flock but not yet written its record
+    hold = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)", str(tmp_path / ".ds.lock")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        (tmp_path / ".ds.lock").write_text("")
+        assert hold.stdout.readline().strip() == "locked"
+        with pytest.raises(DirLocked) as refused:
+            with write_lock(out):
+                pass
+        assert str(refused.value) == (
+            f"{out} is being written by another process (which has not written its record yet): "
+            "wait for it to finish or stop it"
+        )
+    finally:
+        hold.kill()
+        hold.wait()
+
+
 def test_the_lock_is_reentrant_and_shared_with_child_processes(tmp_path):
     from receipt_embed.locking import DirLocked, held_locks_env, lock_path, write_lock
 

@@ -286,3 +286,15 @@ def test_a_users_manifest_with_a_lone_surrogate_is_refused_by_index(tmp_path):
         "surrogate (U+D800): not a character, it cannot be stored as UTF-8 (fix that JSON escape in the manifest)"
     ]
     assert not (tmp_path / "i").exists()
+
+
+def test_attack_round_22_mc3_audit_html_shows_control_characters_of_values_escaped(crafted_index, tmp_path):
+    """The gallery's captions held raw ESC bytes and bidi overrides from the index's receipt ids and
+    devices (autoescaping stops markup, not control characters)."""
+    from receipt_embed.audit.run import run_audit
+
+    run_audit(crafted_index, ["device"], tmp_path / "report", gallery=8)
+    html = (tmp_path / "report" / "audit.html").read_text(encoding="utf-8")
+    assert "<figcaption>" in html, "the gallery has captions to check"
+    assert "\x1b" not in html and "\u202e" not in html
+    assert "\\x1b[2J" in html or "\\u202e" in html

@@ -235,7 +235,10 @@ def test_name_clash_names_both_plugins(cli, tmp_path):
     )
     result = _plugins_json(cli, tmp_path, plugins_dir=folder)
     assert result.returncode == 2
-    assert "encoder 'resnet18' is registered by two plugins: 'builtin.encoders' and 'my_resnet'" in result.stderr
+    assert (
+        "encoder 'resnet18' is registered by two plugins: 'builtin.encoders' and 'my_resnet'; leave one out: "
+        "skip it with RECEIPT_EMBED_DISABLE_PLUGINS=my_resnet"
+    ) in result.stderr
     # disabling one of them resolves it
     ok = _plugins_json(cli, tmp_path, plugins_dir=folder, env={"RECEIPT_EMBED_DISABLE_PLUGINS": "builtin.encoders"})
     assert ok.returncode == 0, ok.stderr
@@ -806,6 +809,12 @@ class EmptyLater(OutOfRange):
     def __iter__(self):
         return iter([[0, 1]] if self.epoch == 0 else [])
 
+class ReturnsArray:
+    def set_random_seed(self, seed):
+        pass
+    def __call__(self, image):
+        return image
+
 class HugeLength(Endless):
     def __len__(self):
         return 10 ** 12
@@ -829,6 +838,7 @@ def register_losses(register):
 def register_augmentations(register):
     register("plain_function", lambda image_size: (lambda image: {"image": image}))
     register("no_resize", lambda image_size: __import__("albumentations").Compose([]))
+    register("returns_array", lambda image_size: ReturnsArray())
 
 @hookimpl
 def register_encoders(register):
@@ -890,6 +900,11 @@ def register_samplers(register):
             "augment.preset=no_resize",
             r"augmentation 'no_resize' returned a uint8 \(\d+, \d+, 3\) view; views must be uint8 of "
             r"64 x 32 \(data.image_size\) x 3",
+        ),
+        (  # attack round 22 MB13: the error named a line of receipt-embed's own views.py
+            "augment.preset=returns_array",
+            r"^augmentation 'returns_array' returned a ndarray; an augmentation is called as transform\(image=\.\.\.\) "
+            r"and returns a dict holding the view under 'image', as an albumentations Compose does$",
         ),
         (
             "sampler.name=out_of_range",

@@ -505,3 +505,30 @@ def test_a_file_size_limit_is_one_line_naming_the_file_and_the_old_dir_stays(tmp
     assert len(result.stderr.strip().splitlines()) == 1
     assert tree_digest(tmp_path / "ds") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_attack_round_23_n5_a_stop_after_the_swap_says_the_dir_was_replaced(tmp_path, monkeypatch, capsys):
+    """A SIGTERM landing after the new copy was swapped in said the dir was "left as it was"."""
+    from receipt_embed import staging
+    from receipt_embed.stops import StoppedBySignal
+
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "audit.json").write_text("{}")
+    real_swap = staging.swap_in
+
+    def swap_then_stop(new, target):
+        real_swap(new, target)
+        raise StoppedBySignal(143)
+
+    monkeypatch.setattr(staging, "swap_in", swap_then_stop)
+    with pytest.raises(StoppedBySignal):
+        with staging.replace_dir(out, "audit", force=True) as new:
+            (new / "audit.json").write_text('{"new": 1}')
+    assert (out / "audit.json").read_text() == '{"new": 1}'
+    assert f"stopped by SIGTERM: {out} already replaced by its new copy" in capsys.readouterr().err
+    monkeypatch.setattr(staging, "swap_in", real_swap)
+    with pytest.raises(StoppedBySignal):  # the next write of the same dir, stopped before its swap
+        with staging.replace_dir(out, "audit", force=True) as new:
+            raise StoppedBySignal(143)
+    assert f"stopped by SIGTERM: {out} left as it was" in capsys.readouterr().err

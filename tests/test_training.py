@@ -195,6 +195,24 @@ def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path
     assert state["epoch"] == 1 and state["step"] == 0
 
 
+def test_attack_round_22_mb6_a_nan_loss_before_any_update_blames_the_loss_not_the_learning_rate(dataset, tmp_path):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins")
+    loader.collect_components()
+    config = load_config(overrides=[*TINY, "loss.name=nan_after", "loss.temperature=0.07", "loss.params={after: 0}"])
+    with pytest.raises(TrainingDiverged) as stopped:
+        train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=lambda m: None)
+    assert str(stopped.value) == (
+        "loss nan_after returned nan at epoch 1, step 1, before any update, from finite embeddings of the "
+        "untrained model: the loss or its settings are at fault, not the learning rate (temperature 0.07, "
+        "loss.params {'after': 0}); no checkpoint was written yet (it diverged in the first epoch)"
+    )
+    assert "train.lr" not in str(stopped.value)
+
+
 def test_a_nan_loss_at_a_high_temperature_does_not_advise_a_higher_one(dataset, tmp_path):
     """Attack round 16 (F13): the NaN stop always advised "a higher loss.temperature", even at a
     temperature of 1e300; the advice now fits the run's values."""
@@ -205,7 +223,7 @@ def test_a_nan_loss_at_a_high_temperature_does_not_advise_a_higher_one(dataset, 
     loader.load_folder(tmp_path / "plugins")
     loader.collect_components()
     config = load_config(
-        overrides=[*TINY, "train.epochs=1", "loss.name=nan_after", "loss.params={after: 0}", "loss.temperature=50"]
+        overrides=[*TINY, "train.epochs=1", "loss.name=nan_after", "loss.params={after: 1}", "loss.temperature=50"]
     )
     with pytest.raises(TrainingDiverged) as info:
         train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=lambda m: None)
@@ -338,6 +356,7 @@ def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
     assert (
         again.returncode == 2 and f"{tmp_path / 'sweep' / 'loss.temperature=0.3'} already holds a run" in again.stderr
     )
+    assert "already holds a run of this sweep: pass --force to sweep every value anew" in again.stderr  # not --resume
     assert not (tmp_path / "sweep" / "loss.temperature=0.5").exists()
     assert (tmp_path / "sweep" / "sweep.json").read_bytes() == record
     # and a sweep dir given to a plain train is named as one, not as a folder of someone else's files

@@ -85,6 +85,24 @@ TAMPERED = {
         "index.json has keys that format version 1 does not have ('exact_override', 'zz'): it was edited",
     ),
     "unknown features": (lambda d: edit_meta(d, lambda m: m.update(features="pixels")), "features is a str"),
+    # attack round 22 MC6: each was accepted whatever it held
+    "metric not inner product": (
+        lambda d: edit_meta(d, lambda m: m.update(metric="L2")),
+        "index.json: metric is a str ('L2'), expected \"inner_product\"",
+    ),
+    "normalised false": (
+        lambda d: edit_meta(d, lambda m: m.update(normalised=False)),
+        "index.json: normalised is a bool (False), expected true",
+    ),
+    "exact a string": (lambda d: edit_meta(d, lambda m: m.update(exact="yes")), "exact is a str ('yes')"),
+    "exact untrue to the factory": (
+        lambda d: edit_meta(d, lambda m: m.update(exact=False)),
+        "index.json: exact is a bool (False), expected true for a Flat index",
+    ),
+    "a files entry for another file": (
+        lambda d: edit_meta(d, lambda m: m["files"].update({"extra.bin": {"sha256": "0" * 64, "bytes": 1}})),
+        "expected entries for index.faiss, items.jsonl, embeddings.npy only, not 'extra.bin'",
+    ),
     "an item a list": (
         lambda d: rewrite_items(d, lambda row, item: [1] if row == 4 else item),
         "items.jsonl, row 4 (0-based) is a list, not a JSON object",
@@ -879,6 +897,28 @@ def test_items_swapped_or_shards_crossed_are_refused_against_their_dataset(train
     result = run_cli("index-merge", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "merged")
     _one_clean_error(result, f"{crossed}, row 1: ", "is not the capture its dataset lists there")
     assert not (tmp_path / "merged").exists()
+
+
+def test_attack_round_22_mc5_an_item_whose_receipt_id_was_changed_names_the_field_not_the_path_twice(trained, tmp_path):
+    dataset, checkpoint = trained / "dataset", trained / "run" / "checkpoints" / "best.pt"
+    index = tmp_path / "ix"
+    assert run_cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", index, "-q").returncode == 0
+    lines = (index / "items.jsonl").read_text().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    edited = {**first, "receipt_id": "someone-else"}
+    (index / "items.jsonl").write_text("".join([json.dumps(edited) + "\n", *lines[1:]]))
+    reseal(index, "items.jsonl")
+    with pytest.raises(IndexDirError) as info:
+        load_index_dir(index)
+    assert str(info.value) == (
+        f"{index / 'items.jsonl'}, row 1 ({first['path']!r}): its 'receipt_id' is 'someone-else' but its dataset "
+        f"has {first['receipt_id']!r}: the index was edited; build it again"
+    )
+    dropped = {k: v for k, v in first.items() if k != "device"}
+    (index / "items.jsonl").write_text("".join([json.dumps(dropped) + "\n", *lines[1:]]))
+    reseal(index, "items.jsonl")
+    with pytest.raises(IndexDirError, match=r"its 'device' is absent but its dataset has "):
+        load_index_dir(index)
 
 
 @pytest.mark.parametrize("key, value", [("device", [1, 2]), ("split", {"a": 1}), ("sha256", True), ("receipt_id", [])])

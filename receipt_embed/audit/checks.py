@@ -19,6 +19,8 @@ from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.stops import is_real_stop
 
+MAX_SUMMARY_CHARACTERS = 2000  # one line a reader takes in; printed whole in the terminal and the report
+
 
 @dataclass
 class AuditContext:
@@ -86,6 +88,11 @@ def _result(name: str, plugin: str, raw) -> dict:
         raise AuditCheckError(f"'flagged' must be True or False, got {quoted(raw['flagged'])}")
     if "\n" in str(raw.get("summary", "")):
         raise AuditCheckError("'summary' must be one line")
+    if len(str(raw.get("summary", ""))) > MAX_SUMMARY_CHARACTERS:
+        raise AuditCheckError(
+            f"'summary' is {len(str(raw['summary'])):,} characters; a summary is one line of at most "
+            f"{MAX_SUMMARY_CHARACTERS:,} (put data in 'figures')"
+        )
     plot = raw.get("plot")
     if plot is not None and not hasattr(plot, "savefig"):
         raise AuditCheckError(f"'plot' must be a matplotlib figure, got {type(plot).__name__}")

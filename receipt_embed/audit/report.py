@@ -188,10 +188,21 @@ def worst_failures(x: np.ndarray, labels: np.ndarray, count: int = 8) -> list[di
     return found[:count]
 
 
+def _visible(value):
+    """A value as the page shows it: autoescaping stops markup, and :func:`printable` shows control
+    characters (ESC, a bidi override, a NUL from a manifest value) as escapes instead of writing
+    them raw into the page. Markup the template built itself passes as it is."""
+    import markupsafe
+
+    from receipt_embed.display import printable
+
+    return printable(value) if isinstance(value, str) and not isinstance(value, markupsafe.Markup) else value
+
+
 def render_html(context: dict) -> str:
     import jinja2
 
     template = resources.files("receipt_embed").joinpath("templates/audit.html.j2").read_text(encoding="utf-8")
-    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, finalize=_visible)
     environment.filters["num"] = lambda v, digits=3: "-" if v is None else f"{v:.{digits}f}"
     return environment.from_string(template).render(**context)

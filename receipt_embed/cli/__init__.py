@@ -155,7 +155,7 @@ class LazyGroup(click.Group):
             sys.stdout = _GuardedStdout(_whole_writes(sys.stdout))
         if sys.stderr is not None and not isinstance(sys.stderr, _QuietStderr):
             sys.stderr = _QuietStderr(sys.stderr)
-        from receipt_embed.stops import StoppedBySignal, signal_name, signals_stop_the_command
+        from receipt_embed.stops import StoppedBySignal, signals_stop_the_command, stop_line
 
         try:
             try:
@@ -165,7 +165,7 @@ class LazyGroup(click.Group):
                 sys.stdout.flush()
         except StoppedBySignal as stop:
             if not stop.reported and not _launcher_speaks():  # a lock it unwound has said which dir was left
-                click.echo(f"stopped by {signal_name(stop)}", err=True)
+                click.echo(printable(stop_line(stop)), err=True)
             sys.exit(stop.code)
         except BadInput as exc:  # bad input a command did not turn into its own message: still one line
             lines = getattr(exc, "lines", None) or [str(exc)]  # or one per problem (errors.BadInputLines)
@@ -180,7 +180,7 @@ class LazyGroup(click.Group):
 
             if received and not _debug:  # the stop's exception arrived as another (a library wrapped it)
                 if not _launcher_speaks():
-                    click.echo(f"stopped by {signal_name(StoppedBySignal(received[-1]))}", err=True)
+                    click.echo(printable(stop_line(StoppedBySignal(received[-1]))), err=True)
                 sys.exit(received[-1])
             if _out_of_memory(exc) and not _debug:  # a limit (ulimit -v) or too little RAM, not a bug
                 where = getattr(exc, "what", "")  # images.DecodingOutOfMemory names the file

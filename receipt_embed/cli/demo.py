@@ -19,7 +19,7 @@ from receipt_embed.cli.options import (
 )
 from receipt_embed.display import printable, printable_lines
 from receipt_embed.errors import BadInput
-from receipt_embed.stops import StoppedBySignal
+from receipt_embed.stops import StopAlreadySaid, StoppedBySignal
 from receipt_embed.training.rundir import LAST_CHECKPOINT
 
 
@@ -329,7 +329,7 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
             ),
             err=True,
         )
-        raise SystemExit(exc.code) from None
+        raise StopAlreadySaid(exc.code) from None  # the line above said it
     click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
     atomic_write_json(out / "heldout_retrieval.json", figures)

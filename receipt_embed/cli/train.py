@@ -276,6 +276,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     from receipt_embed.config import ConfigError
     from receipt_embed.plugin_manager import PluginLoadError
     from receipt_embed.registry import ComponentError
+    from receipt_embed.stops import StopAlreadySaid
     from receipt_embed.training.checkpoint import CheckpointError
     from receipt_embed.training.trainer import TrainingDiverged, TrainingInterrupted
     from receipt_embed.training.trainer import train as run_training
@@ -310,7 +311,7 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
     except TrainingInterrupted as exc:
         if int(os.environ.get("RANK", "0")) == 0:
             click.echo(printable(str(exc)), err=True)
-        raise SystemExit(exc.code) from None
+        raise StopAlreadySaid(exc.code) from None  # the line above said it
     except Exception as exc:
         _raise_if_a_peer_is_gone(exc, out, world)
         raise

@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import operator
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from receipt_embed.batch_layout import ANY, LAYOUTS, declared_layout, layout_problem
 from receipt_embed.data.cache import ImageCache
+from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 
 # inputs are scaled to roughly zero mean, unit variance for paper-and-ink images
@@ -83,7 +84,16 @@ class ViewDataset(Dataset):
         index, seed = key
         with self.guard():
             seed_view(self.transform, seed)
-            view = self.transform(image=self.cache[index])["image"]
+            result = self.transform(image=self.cache[index])
+        if not isinstance(result, Mapping) or "image" not in result:  # checked here: the plugin's code has ended
+            got = f"a {type(result).__name__}" + (
+                f" with keys {shortened(', '.join(map(str, result)))}" if isinstance(result, Mapping) else ""
+            )
+            raise BadInput(
+                f"{self.source} returned {got}; an augmentation is called as transform(image=...) and returns a "
+                "dict holding the view under 'image', as an albumentations Compose does"
+            )
+        view = result["image"]
         if (
             self.image_size is not None
         ):  # a preset that skips the resize or returns floats would train on the wrong input

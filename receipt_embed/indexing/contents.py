@@ -66,6 +66,18 @@ def check_meta_types(meta: dict, meta_path: Path, error) -> None:
     for key in ("factory", "metric"):
         if key in meta and not isinstance(meta[key], str):
             raise bad(key, wanted="a string")
+    # what every index `receipt-embed index` writes is: readers rely on it (scores are cosines)
+    if "metric" in meta and meta["metric"] != "inner_product":
+        raise bad("metric", wanted='"inner_product" (receipt-embed indexes L2-normalised vectors by inner product)')
+    if "normalised" in meta and meta["normalised"] is not True:
+        raise bad("normalised", wanted="true (receipt-embed indexes L2-normalised vectors)")
+    if "exact" in meta and not isinstance(meta["exact"], bool):
+        raise bad("exact", wanted="true or false")
+    if isinstance(meta.get("exact"), bool) and isinstance(meta.get("factory"), str):
+        from receipt_embed.indexing.factory import EXACT_FACTORIES
+
+        if meta["exact"] != (meta["factory"].replace(" ", "") in EXACT_FACTORIES):
+            raise bad("exact", wanted=f"{str(not meta['exact']).lower()} for a {meta['factory']} index")
     if meta.get("search_params") is not None and not isinstance(meta["search_params"], str):
         raise bad("search_params", wanted='a string such as "nprobe=16"')
     if meta.get("features") not in FEATURES:
@@ -81,11 +93,16 @@ def check_meta_types(meta: dict, meta_path: Path, error) -> None:
         raise bad("source", "split", wanted='one of "train", "val", "heldout", "all"')
 
 
+INDEX_DIR_FILES = ("index.faiss", "items.jsonl", "embeddings.npy")  # what index.json's files list
+
+
 def _check_files_entry(meta: dict, bad) -> None:
     files = meta["files"]
     if not isinstance(files, dict):
         raise bad("files", wanted="an object of {sha256, bytes} by file name")
     for name, entry in files.items():
+        if name not in INDEX_DIR_FILES:
+            raise bad("files", wanted=f"entries for {', '.join(INDEX_DIR_FILES)} only, not {shortened(repr(name))}")
         if not isinstance(entry, dict) or "sha256" not in entry or "bytes" not in entry:
             raise bad("files", name, wanted="an object {sha256, bytes}")
         if not isinstance(entry["sha256"], str):
@@ -297,8 +314,25 @@ def check_items_match_dataset(items: list[dict], source: dict, items_path: Path,
             f"captures for split {source.get('split')}: the index was edited"
         )
     for number, (item, row) in enumerate(zip(items, expected), start=1):
-        if item != item_of(row):
+        listed = item_of(row)
+        if item == listed:
+            continue
+        if item.get("path") != listed.get("path"):
             raise error(
                 f"{items_path}, row {number}: {shortened(repr(item.get('path')))} is not the capture its dataset "
-                f"lists there ({shortened(repr(row.get('path')))}): the index was edited; build it again"
+                f"lists there ({shortened(repr(listed.get('path')))}): the index was edited; build it again"
             )
+        fields = sorted(set(item) | set(listed), key=str)
+        changed = next(key for key in fields if item.get(key, _ABSENT) != listed.get(key, _ABSENT))
+        raise error(
+            f"{items_path}, row {number} ({shortened(repr(item.get('path')))}): its {quoted(changed)} is "
+            f"{_shown_value(item, changed)} but its dataset has {_shown_value(listed, changed)}: the index was "
+            "edited; build it again"
+        )
+
+
+_ABSENT = object()
+
+
+def _shown_value(item: dict, key) -> str:
+    return shortened(repr(item[key])) if key in item else "absent"

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import parse_json
 from receipt_embed.outdir import MARKERS
@@ -95,10 +96,25 @@ def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> ManifestError
     return ManifestError(f"{path}: not UTF-8 text ({exc.reason})")
 
 
+def _without_surrogates(text: str) -> str:
+    return "".join(c for c in text if not 0xD800 <= ord(c) <= 0xDFFF)
+
+
 def check_column_spellings(path: Path, columns) -> None:
-    """Refuse a column that is one of ingest's own names in other letter case (``Split``,
+    """Refuse a column without a name or with invisible characters in it, and a column that is one of ingest's own names in other letter case (``Split``,
     ``SHA256``, ``Receipt_ID`` beside ``receipt_id``): kept as metadata, a ``Split`` column's splits
     would be ignored and a ``SHA256`` would slip past the reserved-name check."""
+    if "" in columns:
+        raise ManifestError(
+            f"{path}: a column has no name (an empty header cell or JSON key); name it, or delete the column"
+        )
+    # (a lone surrogate, which only JSON can write, rejects its row with its own reason: rows.py)
+    hidden = sorted((c for c in columns if not _without_surrogates(c).isprintable()), key=str)
+    if hidden:  # make-samples refuses them too: a name shown in reports and tables must be visible text
+        raise ManifestError(
+            f"{path}: column name {quoted(shortened(hidden[0]))} holds control or invisible characters (a newline, "
+            "ESC, NUL, a direction override); rename it"
+        )
     own = {name.lower(): name for name in (*REQUIRED_COLUMNS, "split", *RESERVED_COLUMNS)}
     variants = sorted(c for c in columns if c.lower() in own and c != own[c.lower()])
     if variants:
@@ -163,6 +179,11 @@ def _read_csv(path: Path) -> list[ManifestRow]:
             rows.append(ManifestRow(start, {k: v.strip() for k, v in zip(header, cells)}))
             start = reader.line_num + 1
     except csv.Error as exc:
+        if "field larger than field limit" in str(exc):  # a value, not the file's syntax
+            raise ManifestError(
+                f"{path}, line {start}: a value is longer than {csv.field_size_limit():,} characters, the most a "
+                "CSV manifest value may have (a JSON-lines manifest has no such limit)"
+            ) from None
         raise ManifestError(f"{path}, line {start}: malformed CSV ({exc})") from None
     return rows
 

@@ -144,6 +144,13 @@ class TrainingStep:
     def _check_finite(self, loss: torch.Tensor) -> None:
         if torch.isfinite(loss):
             return
+        if getattr(self, "state", None) is None and not getattr(self, "updates_applied", 0):
+            raise TrainingDiverged(  # no update has been made: the learning rate played no part yet
+                f"loss {self.config.loss.name} returned {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1}, "
+                f"before any update, from finite embeddings of the untrained model: the loss or its settings "
+                f"are at fault, not the learning rate (temperature {self.config.loss.temperature:g}, loss.params "
+                f"{dict(self.config.loss.params or {})}); {self._kept()}"
+            )
         raise TrainingDiverged(
             f"loss became {loss.item()} at epoch {self.epoch + 1}, step {self.step + 1} "
             f"(loss {self.config.loss.name}, temperature {self.config.loss.temperature}); {self._kept()}. "

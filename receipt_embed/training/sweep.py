@@ -7,12 +7,14 @@ best val recall@1 (of ``train.select_on`` features) decides.
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from pathlib import Path
 
 from receipt_embed.config import MAX_CONFIG_DEPTH, ConfigError, config_with, key_levels
 from receipt_embed.display import quoted, shortened
 from receipt_embed.fileio import atomic_write_json
+from receipt_embed.training.checkpoint import CheckpointError
 from receipt_embed.training.resume import open_run
 from receipt_embed.training.rundir import check_run_out
 from receipt_embed.training.trainer import TrainingInterrupted, train
@@ -115,7 +117,14 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     out_dir = Path(out_dir)
     for value in values:  # and refuse an existing run of any value before the first one trains
         check_run_out(out_dir / run_name(key, value))
-        open_run(out_dir / run_name(key, value), resume=False, force=force, world_size=1)
+        try:
+            open_run(out_dir / run_name(key, value), resume=False, force=force, world_size=1)
+        except CheckpointError:  # the trainer's advice (--resume) does not apply: --sweep cannot resume
+            raise CheckpointError(
+                f"{out_dir / run_name(key, value)} already holds a run of this sweep: pass --force to sweep every "
+                f"value anew, continue that value's run on its own with `receipt-embed train --out "
+                f"{shlex.quote(str(out_dir / run_name(key, value)))} --resume`, or choose another --out"
+            ) from None
     runs = []
     for value, config in zip(values, configs):
         run_dir = out_dir / run_name(key, value)
@@ -150,7 +159,6 @@ def _sweep_stopped(exc: TrainingInterrupted, out_dir: Path, run_dir: Path, done:
     """The stop of a sweep, with advice that works: ``train --sweep`` refuses ``--resume`` (so the
     trainer's "continue with --resume" does not apply), but the interrupted value's run dir resumes
     on its own, and the sweep reruns with ``--force``."""
-    import shlex
 
     finished = f"values done: {', '.join(done)}; " if done else ""
     stopped = TrainingInterrupted(

@@ -34,7 +34,14 @@ from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
 from receipt_embed.fileio import append_line, atomic_write_json
 from receipt_embed.locking import check_still_held
 from receipt_embed.registry import plugin_errors
-from receipt_embed.stops import raise_if_stopped
+from receipt_embed.stops import (
+    SaysWhatTheStopLeft,
+    StoppedBySignal,
+    raise_if_stopped,
+    signal_name,
+    stop_of,
+    stopped_while,
+)
 from receipt_embed.training.budget import TimeBudget, budget_spent, nothing_to_train
 from receipt_embed.training.checkpoint import save_checkpoint
 from receipt_embed.training.components import build_components
@@ -50,7 +57,7 @@ from receipt_embed.training.step import TrainingDiverged, TrainingStep
 __all__ = ["TrainResult", "Trainer", "TrainingDiverged", "TrainingInterrupted", "train"]
 
 
-class TrainingInterrupted(RuntimeError):
+class TrainingInterrupted(SaysWhatTheStopLeft, RuntimeError):
     """SIGINT or SIGTERM arrived; a checkpoint was saved to resume from. ``code`` is the exit code
     a shell expects of that signal (130 for SIGINT, 143 for SIGTERM)."""
 
@@ -204,22 +211,42 @@ class Trainer(TrainingStep):
             self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
         raise_if_stopped()  # a stop before training whose exception a library swallowed
         with stop_on_signals() as received:
-            while self.epoch < epochs and not self.out_of_time:
-                self._train_epoch(loader, received)
-                line = self._end_epoch()
-                result.metrics.append(line)
-                self.log(describe_epoch(line))
-                if any_rank(self.ctx, received) and self.epoch < epochs and not self.out_of_time:  # during evaluation
-                    raise TrainingInterrupted(
-                        f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
-                        f"after epoch {self.epoch}; continue with --resume",
-                        received[0] if received else None,
-                    )
+            try:
+                while self.epoch < epochs and not self.out_of_time:
+                    self._train_epoch(loader, received)
+                    line = self._end_epoch()
+                    result.metrics.append(line)
+                    self.log(describe_epoch(line))
+                    if (
+                        any_rank(self.ctx, received) and self.epoch < epochs and not self.out_of_time
+                    ):  # during evaluation
+                        raise TrainingInterrupted(
+                            f"{received[0] if received else 'a stop signal'} received: saved {self.run_dir / LAST} "
+                            f"after epoch {self.epoch}; continue with --resume",
+                            received[0] if received else None,
+                        )
+            except StoppedBySignal as stop:  # a second stop signal: it did not wait for the step to end
+                raise self._stopped_at_once(stop) from None
         if self.out_of_time and result.metrics:
             self.log(budget_spent(self.config.train.max_minutes, result.metrics[-1], self.steps_per_epoch))
         result.best_epoch = self.best["epoch"] if self.best else None
         result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
         return result
+
+    def _stopped_at_once(self, stop: StoppedBySignal) -> TrainingInterrupted:
+        last = self.run_dir / LAST
+        kept = (
+            f"{last} is as it was last saved; continue with --resume"
+            if last.is_file()
+            else "no checkpoint had been saved yet"
+        )
+        return TrainingInterrupted(
+            f"{signal_name(stop)} received after an earlier stop signal{stopped_while()}: stopped at once in epoch "
+            f"{self.epoch + 1}, "
+            "without waiting for "
+            f"the step to end; {kept}",
+            signal_name(stop),
+        )
 
     @property
     def out_of_time(self) -> bool:
@@ -281,7 +308,22 @@ class Trainer(TrainingStep):
         append_line(self.run_dir / METRICS_FILE, json.dumps(line))  # one write + fsync: a crash tears at most this line
         self._next_epoch()
         self._save_checkpoints(line)
-        call_epoch_hooks(self.registry, self.run_dir, line, self.model, self.config)
+        try:  # a hook may hang: a stop signal raises inside it at once (receipt_embed.plugin_watch)
+            call_epoch_hooks(self.registry, self.run_dir, line, self.model, self.config)
+        except BaseException as exc:
+            stop = stop_of(exc)
+            if stop is None:
+                raise
+            then = (
+                "continue with --resume"
+                if self.epoch < self.epochs and not self.out_of_time
+                else "that was the last epoch, so the run is complete"
+            )
+            raise TrainingInterrupted(
+                f"{signal_name(stop)} received{stopped_while()}: saved {self.run_dir / LAST} after epoch "
+                f"{self.epoch}; {then}",
+                signal_name(stop),
+            ) from None
         return line
 
     def _epoch_line(self) -> dict:

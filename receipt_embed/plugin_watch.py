@@ -1,0 +1,98 @@
+"""A plugin's own code while it runs (its import, its register hooks, its pipeline hooks): the
+places where someone else's code can hang or end the process behind the command's back.
+
+Inside :func:`plugin_code`:
+
+- a stop signal raises at once, also where the command would otherwise only note it (training
+  checks a flag between steps, which a hook that never returns never reaches), and the stop's line
+  names the plugin (``stopped by SIGTERM while loading plugin 'slow'``);
+- after ``NOTICE_AFTER_S`` a line on stderr says which plugin is still running and how to skip it,
+  so a hang has a name before anyone reaches for ``kill -9``;
+- ``os._exit`` called by the plugin in this process raises :class:`PluginCalledExit` instead of
+  ending the command silently with the plugin's exit code (a child process it forks exits as usual).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from receipt_embed import stops
+from receipt_embed.display import printable, quoted
+
+DISABLE_ENV = "RECEIPT_EMBED_DISABLE_PLUGINS"  # comma-separated plugin names blocked before they load
+NOTICE_AFTER_S = 10.0  # a plugin's code running this long gets a line naming it
+
+
+class PluginCalledExit(BaseException):
+    """A plugin called ``os._exit``, which would end the command at once with no message and the
+    plugin's exit code; it counts as that plugin's failure instead."""
+
+
+def skip_advice(name: str) -> str:
+    """How to run without plugin ``name``: the variable when it can hold the name as written, else
+    moving the plugin away (a comma or a space in the name would be read as two names or stripped)."""
+    if name and name == name.strip() and "," not in name and name.isprintable():  # read back as written
+        shown = f'"{name}"' if " " in name else name
+        return f"skip it with {DISABLE_ENV}={shown}"
+    return (
+        f"skip it by moving its file away or uninstalling its package (its name cannot be written in {DISABLE_ENV}, "
+        "which splits names at commas and strips spaces around them)"
+    )
+
+
+@contextmanager
+def plugin_code(name: str, doing: str) -> Iterator[None]:
+    """Run a plugin's code: ``doing`` says what in words (``loading``, ``calling on_epoch_end of``)."""
+    what = f"{doing} plugin {quoted(name)}"
+    notice = threading.Timer(NOTICE_AFTER_S, _say_still_running, (what, name))
+    notice.daemon = True
+    notice.start()
+    pid, active = os.getpid(), [True]
+
+    def guarded_exit(*args, **kwargs) -> None:
+        if os.getpid() != pid or not active:  # a child the plugin forked, or a copy kept for later: as asked
+            stops._hard_exit(*args, **kwargs)
+        shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        raise PluginCalledExit(f"it called os._exit({shown})")
+
+    stops_before = len(stops.received)
+    previous_exit, os._exit = os._exit, guarded_exit
+    try:
+        with stops._stopping_on(_caught_signals()):
+            yield
+            if len(stops.received) > stops_before:  # a stop arrived and the plugin's code swallowed it
+                stops.raise_if_stopped()
+    except BaseException:
+        stops.note_stopped_while(what)  # only when a stop signal has arrived
+        raise
+    finally:
+        active.clear()
+        os._exit = previous_exit
+        notice.cancel()
+
+
+def _caught_signals() -> tuple:
+    """The stop signals this process catches itself (the command's handlers, training's flag): those
+    raise at once inside plugin code. One left to Python's default (a KeyboardInterrupt) or the OS's
+    (death by SIGTERM) already stops a library caller at once, and is left as it is."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return ()
+    return tuple(
+        sig
+        for sig in stops.stop_signals()
+        if callable(signal.getsignal(sig)) and signal.getsignal(sig) is not signal.default_int_handler
+    )
+
+
+def _say_still_running(what: str, name: str) -> None:
+    line = f"still {what} after {NOTICE_AFTER_S:g} s; if it hangs, stop with Ctrl-C and {skip_advice(name)}"
+    try:
+        print(printable(line), file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed: nothing to tell
+        pass

@@ -1,0 +1,397 @@
+"""A plugin's code that hangs or ends the process: the command still stops on a signal, names the
+plugin, and a plugin's ``os._exit`` is its failure, not a silent exit 0 (Attack round 22 MB1-MB3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY_TRAINING
+
+HANGS_IN_ITS_IMPORT = {
+    "hang.py": "from . import _loop  # the loop runs inside importlib, where a stop used to wait for ever\n",
+    "_loop.py": "import time\nwhile True:\n    time.sleep(0.01)\n",
+}
+
+HOOK_HANGS = """
+import time
+from receipt_embed.hookspecs import hookimpl
+
+@hookimpl
+def on_epoch_end(run_dir, epoch):
+    (run_dir / f"hook_started_{epoch}").touch()
+    while True:
+        time.sleep(0.01)
+"""
+
+LOSS_HANGS = """
+import time
+from pathlib import Path
+
+import torch
+from receipt_embed.hookspecs import hookimpl
+
+
+class Stuck(torch.nn.Module):
+    def __init__(self, temperature=0.1, marker=""):
+        super().__init__()
+        self.calls, self.marker = 0, marker
+
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        if self.calls == 3:
+            Path(self.marker).touch()
+            while True:
+                time.sleep(0.01)
+        return embeddings.float().pow(2).mean()
+
+
+@hookimpl
+def register_losses(register):
+    register("stuck", Stuck)
+"""
+
+EXITS_AT_IMPORT = "import os\nos._exit(0)\n"
+
+HOOK_EXITS = """
+import os
+from receipt_embed.hookspecs import hookimpl
+
+@hookimpl
+def on_epoch_end(epoch):
+    os._exit(0)
+"""
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_EMBED_")}
+    env.update(extra)
+    return env
+
+
+def _program(args: list[str], **constants: float) -> list[str]:
+    """``receipt-embed ARGS`` with module constants set first (the notice delays), in a new process."""
+    sets = "".join(
+        f"import {m.rsplit('.', 1)[0]} as _m; _m.{m.rsplit('.', 1)[1]} = {v!r}; " for m, v in constants.items()
+    )
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; {sets}from receipt_embed.cli import run; sys.argv[1:] = {args!r}; run()",
+    ]
+
+
+def _folder(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (path / name).write_text(textwrap.dedent(text))
+    return path
+
+
+def _wait_for(condition, process: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and process.poll() is None and not condition():
+        time.sleep(0.02)
+    assert process.poll() is None, f"the command ended before the test could stop it: {process.communicate()}"
+    assert condition(), "the expected moment never came"
+
+
+def _stop(process: subprocess.Popen, sig=signal.SIGTERM, seconds: float = 30) -> tuple[int, str]:
+    process.send_signal(sig)
+    try:
+        _, stderr = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, stderr = process.communicate()
+        pytest.fail(f"still running {seconds} s after {sig.name}: {stderr}")
+    return process.returncode, stderr
+
+
+def test_attack_round_22_mb1_a_plugin_whose_import_never_ends_is_named_and_sigterm_still_stops_the_command(
+    tmp_path,
+):
+    folder = _folder(tmp_path / "plugins", HANGS_IN_ITS_IMPORT)
+    notice = tmp_path / "stderr.txt"
+    with open(notice, "w") as err:
+        process = subprocess.Popen(
+            _program(["--plugins-dir", str(folder), "plugins"], **{"receipt_embed.plugin_watch.NOTICE_AFTER_S": 0.3}),
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
+        _wait_for(lambda: "still loading" in notice.read_text(), process)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    stderr = notice.read_text()
+    assert code == 143, stderr
+    assert time.monotonic() - started < 15  # the stop waits at most IMPORT_WAIT_S for the import to end
+    assert (
+        "still loading plugin 'hang' after 0.3 s; if it hangs, stop with Ctrl-C and skip it with "
+        "RECEIPT_EMBED_DISABLE_PLUGINS=hang"
+    ) in stderr
+    assert "stopped by SIGTERM while loading plugin 'hang'" in stderr and "Traceback" not in stderr
+    # the advice works: skipped, the command runs
+    skipped = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", "--plugins-dir", str(folder), "plugins", "--json"],
+        env=_env(RECEIPT_EMBED_DISABLE_PLUGINS="hang"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert skipped.returncode == 0, skipped.stderr
+    assert "hang" in json.loads(skipped.stdout)["blocked"]
+
+
+def test_attack_round_22_mb8_the_skip_advice_only_names_the_variable_when_it_can_hold_the_name():
+    from receipt_embed.plugin_watch import skip_advice
+
+    assert skip_advice("tracker-2.v1") == "skip it with RECEIPT_EMBED_DISABLE_PLUGINS=tracker-2.v1"
+    assert skip_advice("slow ep") == 'skip it with RECEIPT_EMBED_DISABLE_PLUGINS="slow ep"'  # inner spaces are kept
+    for odd in ("a,b", " padded", "tab\there", ""):
+        assert "RECEIPT_EMBED_DISABLE_PLUGINS=" not in skip_advice(odd)
+        assert "moving its file away or uninstalling its package" in skip_advice(odd)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from receipt_embed.config import load_config
+    from receipt_embed.ingest import ingest
+
+    out = tmp_path_factory.mktemp("hang_dataset") / "dataset"
+    ingest(REPO / "data_samples", out, load_config().ingest)
+    return out
+
+
+def _train_args(dataset: Path, run: Path, folder: Path, *sets: str) -> list[str]:
+    args = ["--plugins-dir", str(folder), "train", "--data", str(dataset), "--out", str(run), "-q"]
+    for item in [*TINY_TRAINING, *sets]:
+        args += ["--set", item]
+    return args
+
+
+def test_attack_round_22_mb2_sigterm_stops_training_inside_a_hanging_epoch_hook_and_resume_goes_on(tmp_path, dataset):
+    folder = _folder(tmp_path / "plugins", {"hang.py": HOOK_HANGS})
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        _program(_train_args(dataset, run, folder, "train.epochs=3")),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(lambda: (run / "hook_started_1").exists(), process, seconds=240)
+    code, stderr = _stop(process)
+    assert code == 143, stderr
+    assert (
+        f"SIGTERM received while calling on_epoch_end of plugin 'hang': saved {run / 'checkpoints' / 'last.pt'} "
+        "after epoch 1; continue with --resume"
+    ) in stderr
+    assert "Traceback" not in stderr and "left as it was" not in stderr, stderr
+    assert not (run / ".receipt-embed.lock").exists()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", *_train_args(dataset, run, folder, "train.epochs=3"), "--resume"],
+        env=_env(RECEIPT_EMBED_DISABLE_PLUGINS="hang"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2, 3]
+
+
+def test_attack_round_22_mb2_a_second_stop_ends_a_step_that_never_ends(tmp_path, dataset):
+    marker = tmp_path / "stuck"
+    folder = _folder(tmp_path / "plugins", {"stuck.py": LOSS_HANGS})
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        _program(
+            _train_args(dataset, run, folder, "loss.name=stuck", f"loss.params={{marker: '{marker}'}}"),
+            **{"receipt_embed.training.signals.STILL_FINISHING_S": 0.3},
+        ),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(marker.exists, process, seconds=240)
+    process.send_signal(signal.SIGTERM)  # a flag for the end of the step, which never comes
+    time.sleep(1.5)  # past the window in which a second SIGTERM is the same stop delivered twice
+    assert process.poll() is None
+    code, stderr = _stop(process)
+    assert code == 143, stderr
+    assert (
+        "SIGTERM received 0.3 s ago and the current step has not ended; send it again (Ctrl-C) to stop at once"
+    ) in stderr
+    assert (
+        "SIGTERM received after an earlier stop signal while computing the loss in loss 'stuck' (plugin 'stuck'): "
+        "stopped at once in epoch 1, without waiting for the step to end; no checkpoint had been saved yet"
+    ) in stderr
+    assert "Traceback" not in stderr
+    assert not (run / ".receipt-embed.lock").exists()
+
+
+def test_attack_round_22_mb3_a_plugin_calling_os_exit_is_a_failed_plugin_not_a_silent_exit(cli, tmp_path):
+    folder = _folder(tmp_path / "plugins", {"quits.py": EXITS_AT_IMPORT})
+    result = cli("--plugins-dir", folder, "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["failed"] == [{"name": "quits", "error": "RuntimeError: it called os._exit(0)"}]
+    assert "plugin 'quits' failed to load and was skipped: RuntimeError: it called os._exit(0)" in (result.stderr)
+    strict = cli("--plugins-dir", folder, "--strict-plugins", "plugins")
+    assert strict.returncode == 2 and "it called os._exit(0)" in strict.stderr
+
+
+def test_attack_round_22_mb3_an_epoch_hook_calling_os_exit_warns_and_training_finishes(cli, tmp_path, dataset):
+    folder = _folder(tmp_path / "plugins", {"quits.py": HOOK_EXITS})
+    run = tmp_path / "run"
+    result = cli(*_train_args(dataset, run, folder, "train.epochs=2"))
+    assert result.returncode == 0, result.stderr
+    assert "plugin 'quits' failed in on_epoch_end (epoch 1): it called os._exit(0)" in result.stderr
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_os_exit_of_a_child_the_plugin_forks_still_exits_the_child(tmp_path):
+    """Attack round 23 N3, N10: ``os._exit(status=0)`` in a forked child raised TypeError there, so
+    the child ran the rest of the command a second time; a copy kept for later stayed guarded."""
+    from receipt_embed.plugin_watch import plugin_code
+
+    with plugin_code("forks", "loading"):
+        for call in (lambda: os._exit(7), lambda: os._exit(status=7)):
+            pid = os.fork()
+            if pid == 0:
+                call()
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 7
+        kept = os._exit
+    with pytest.raises(BaseException, match=r"it called os\._exit\(3\)"):
+        with plugin_code("quits", "loading"):
+            os._exit(3)
+    with pytest.raises(BaseException, match=r"it called os\._exit\(status=3\)"):
+        with plugin_code("quits", "loading"):
+            os._exit(status=3)
+    assert os._exit.__name__ == "_exit"  # the real one is back
+    pid = os.fork()
+    if pid == 0:
+        kept(5)  # the plugin's copy, called after its code ended: a real exit
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 5
+
+
+HOOK_SWALLOWS = """
+import time
+from receipt_embed.hookspecs import hookimpl
+
+@hookimpl
+def on_epoch_end(run_dir, epoch):
+    (run_dir / f"hook_started_{epoch}").touch()
+    try:
+        while True:
+            time.sleep(0.01)
+    except:  # noqa: E722  (a plugin that catches everything)
+        (run_dir / "swallowed").touch()
+"""
+
+LOADS_FOREVER_CATCHING_EVERYTHING = """
+import time
+while True:
+    try:
+        time.sleep(0.01)
+    except BaseException:
+        pass
+"""
+
+
+def test_attack_round_23_n1_a_stop_an_epoch_hook_swallows_still_stops_training(tmp_path, dataset):
+    """A hook with a bare ``except:`` caught the stop raised inside it, and training ran to its end, exit 0."""
+    folder = _folder(tmp_path / "plugins", {"swallow.py": HOOK_SWALLOWS})
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        _program(_train_args(dataset, run, folder, "train.epochs=3")),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(lambda: (run / "hook_started_1").exists(), process, seconds=240)
+    code, stderr = _stop(process)
+    assert code == 143, stderr
+    assert (run / "swallowed").exists()
+    assert (
+        f"SIGTERM received while calling on_epoch_end of plugin 'swallow': saved {run / 'checkpoints' / 'last.pt'} "
+        "after epoch 1; continue with --resume"
+    ) in stderr
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_attack_round_23_n13_a_hook_stopped_after_the_last_epoch_says_the_run_is_complete(tmp_path, dataset):
+    folder = _folder(tmp_path / "plugins", {"hang.py": HOOK_HANGS})
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        _program(_train_args(dataset, run, folder, "train.epochs=1")),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(lambda: (run / "hook_started_1").exists(), process, seconds=240)
+    code, stderr = _stop(process)
+    assert code == 143, stderr
+    assert "after epoch 1; that was the last epoch, so the run is complete" in stderr and "--resume" not in stderr
+
+
+def test_attack_round_23_n2_a_stop_sent_again_ends_plugin_code_that_catches_everything(tmp_path):
+    """A plugin looping with ``except BaseException: pass`` swallowed every stop: only kill -9 ended it."""
+    folder = _folder(tmp_path / "plugins", {"sw.py": LOADS_FOREVER_CATCHING_EVERYTHING})
+    notice = tmp_path / "stderr.txt"
+    with open(notice, "w") as err:
+        process = subprocess.Popen(
+            _program(["--plugins-dir", str(folder), "plugins"], **{"receipt_embed.plugin_watch.NOTICE_AFTER_S": 0.3}),
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
+        _wait_for(lambda: "still loading" in notice.read_text(), process)
+        process.send_signal(signal.SIGTERM)  # swallowed
+        time.sleep(1.5)
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    assert code == 143
+    assert "stopped by SIGTERM: sent again, the command had not stopped; exiting at once" in notice.read_text()
+
+
+def test_attack_round_23_n8_n9_odd_and_huge_failures_of_a_plugin_are_its_own_and_shortened(cli, tmp_path):
+    folder = _folder(
+        tmp_path / "plugins",
+        {
+            "badrepr.py": "class B:\n    __repr__ = lambda self: 1 / 0\nraise SystemExit(B())\n",
+            "huge.py": "raise RuntimeError('\\x1b[31mRED\\n' + 'A' * 300000)\n",
+        },
+    )
+    result = cli("--plugins-dir", folder, "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    failed = {entry["name"]: entry["error"] for entry in json.loads(result.stdout)["failed"]}
+    assert failed["badrepr"] == "RuntimeError: it raised SystemExit(<B whose repr() failed>)"
+    assert failed["huge"].startswith("RuntimeError: \x1b[31mRED\nAAA") and len(failed["huge"]) < 2100
+    assert failed["huge"].endswith("characters)")
+    assert len(result.stderr) < 10_000
+
+
+def test_a_plugin_with_a_syntax_error_is_named_in_one_line(cli, tmp_path):
+    """README trial: the failure showed the source line and its caret as literal \\n escapes."""
+    folder = _folder(tmp_path / "plugins", {"broken.py": "x = 1\n\n\ndef on_epoch_end(epoch)\n    pass\n"})
+    result = cli("--plugins-dir", folder, "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["failed"] == [
+        {"name": "broken", "error": "SyntaxError: expected ':' (broken.py, line 4)"}
+    ]

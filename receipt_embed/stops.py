@@ -54,13 +54,28 @@ def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
     exception may arrive as another one (raised inside an import or C extension that wraps what it
     catches): a signal received means a stop all the same."""
     stop = stop_of(exc)
-    if stop is not None and not stop.reported:  # the writer's staging copy is gone by now: the dir is the old one
+    if stop is not None and not stop.reported and not _told_by_outer:  # its staging copy is gone: the dir is the old one
         stop.reported = True
         from receipt_embed.display import printable
 
         state = "already replaced by its new copy" if os.path.abspath(out) in _swapped_in else "left as it was"
         print(printable(f"{stop_line(stop)}: {out} {state}"), file=sys.stderr, flush=True)
     return stop
+
+
+_told_by_outer: list[bool] = []  # inside told_by_the_caller: the writers within stay quiet about a stop
+
+
+@contextmanager
+def told_by_the_caller() -> Iterator[None]:
+    """Within this block a stop is told by the caller alone (the demo, whose steps write parts of
+    its OUT): an inner writer's "OUT/index left as it was" beside the demo's line on what OUT holds
+    would be two accounts of one stop, and could read as contradicting each other."""
+    _told_by_outer.append(True)
+    try:
+        yield
+    finally:
+        _told_by_outer.pop()
 
 
 _swapped_in: set[str] = set()  # dirs whose new copy is in place: a stop after that leaves the new one
@@ -115,8 +130,9 @@ def raise_if_stopped() -> None:
 
 def is_real_stop(exc: BaseException) -> bool:
     """Whether ``exc``, caught around a plugin's code, is a stop signal (to pass on) rather than
-    something the plugin raised itself (an exit, a KeyboardInterrupt, GeneratorExit: its failure)."""
-    return isinstance(exc, StoppedBySignal) or (not isinstance(exc, Exception) and bool(received))
+    something the plugin raised itself (an exit, a KeyboardInterrupt, GeneratorExit, even a
+    StoppedBySignal of its own making: its failure). Only a signal this process received is a stop."""
+    return bool(received) and not isinstance(exc, Exception)
 
 
 def is_repeat() -> bool:

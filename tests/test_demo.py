@@ -130,6 +130,35 @@ def test_a_demo_stopped_after_some_steps_says_which_parts_are_new(tmp_path, monk
     assert not info.value.reported and capsys.readouterr().err == ""
 
 
+def test_a_demo_stopped_inside_a_step_says_one_line(tmp_path, monkeypatch, capsys):
+    """Issue 13 N6: a stop inside the index step printed the index lock's "OUT/index left as it
+    was" and then the demo's own line, which says the previous index was removed: two accounts of
+    one stop that read as contradicting each other. The demo's line alone tells it now."""
+    from receipt_embed.cli import demo
+    from receipt_embed.locking import write_lock
+    from receipt_embed.stops import StoppedBySignal
+
+    out = tmp_path / "out"
+
+    def stopped_while_writing(*args):
+        with write_lock(out / "index"):
+            raise StoppedBySignal(143)
+
+    _old_demo_parts(out)
+    for step in ("ingest", "train", "audit"):
+        monkeypatch.setattr(demo, f"_{step}_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_index_step", stopped_while_writing)
+    with pytest.raises(StoppedBySignal):
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    assert capsys.readouterr().err == (
+        f"stopped by SIGTERM: the demo in {out} replaced dataset, run; removed the previous index and audit (built "
+        f"from the replaced run): run it again with `receipt-embed demo --out {out} --force`\n"
+    )
+    with pytest.raises(StoppedBySignal), write_lock(out / "index"):  # outside a demo the writer's lock tells it
+        raise StoppedBySignal(143)
+    assert capsys.readouterr().err == f"stopped by SIGTERM: {out / 'index'} left as it was\n"
+
+
 def _old_demo_parts(out: Path) -> None:
     """An index and an audit report of a previous demo (their marker files only)."""
     (out / "index").mkdir(parents=True)

@@ -1230,15 +1230,19 @@ def test_a_plugin_name_with_a_backslash_is_escaped_once(cli, tmp_path):
     assert "Warning: plugin 'bad\\\\name' failed to load" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("raised", ["SystemExit(0)", "KeyboardInterrupt()"])
+@pytest.mark.parametrize(
+    "raised", ["SystemExit(0)", "KeyboardInterrupt()", "__import__('receipt_embed.stops').stops.StoppedBySignal(143)"]
+)
 def test_a_plugin_that_exits_while_loading_is_a_failed_plugin_not_the_end_of_the_command(tmp_path, raised):
     """Attack round 12: a folder plugin raising SystemExit(0) at import made every command do
-    nothing and exit 0; one raising KeyboardInterrupt printed click's "Aborted!" (exit 1)."""
+    nothing and exit 0; one raising KeyboardInterrupt printed click's "Aborted!" (exit 1). Issue 13
+    N14: one raising receipt-embed's own StoppedBySignal, with no signal sent, read as a real stop."""
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "quitter.py").write_text(f"raise {raised}\n")
     result = run_cli("--plugins-dir", tmp_path / "plugins", "plugins", "--json")
     assert result.returncode == 0, result.stderr
-    name = raised.split("(")[0]
+    name = "StoppedBySignal" if "StoppedBySignal" in raised else raised.split("(")[0]
+    assert "stopped by" not in result.stderr
     assert f"Warning: plugin 'quitter' failed to load and was skipped: RuntimeError: it raised {name}(" in result.stderr
     assert "supcon" in result.stdout
     result = run_cli("--plugins-dir", tmp_path / "plugins", "--strict-plugins", "plugins")

@@ -262,10 +262,18 @@ def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_pa
     loader.load_folder(tmp_path / "plugins")
     loader.collect_components()
     failing = load_config(overrides=[*TINY_TRAINING, "loss.name=nan_after", "loss.params={after: 0}"])
+    logged: list[str] = []
     with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
-        train(failing, dataset, run, loader.registry, progress=False, log=lambda m: None, force=True)
+        train(failing, dataset, run, loader.registry, progress=False, log=logged.append, force=True)
     assert tree_digest(run) == before, "a --force run that fails before its first checkpoint gives the old run back"
+    assert f"the new run stopped before its first checkpoint: the previous run in {run} is kept" in logged
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins", "run"]
+    # issue 13 N14: --force into a dir without a run said "the previous run ... is kept" of a run that never was
+    logged.clear()
+    with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
+        train(failing, dataset, tmp_path / "fresh", loader.registry, progress=False, log=logged.append, force=True)
+    assert not [line for line in logged if "previous run" in line], logged
+    shutil.rmtree(tmp_path / "fresh")
 
     # a --force run killed before its first checkpoint leaves the old run aside: the next writer restores it
     from test_overwrite import _dead_pid
@@ -394,6 +402,7 @@ def test_a_checkpoint_set_aside_by_a_killed_force_run_is_named_with_how_to_put_i
 
     resumed = run_cli("train", "--out", run, "--resume", "-q")
     assert resumed.returncode == 0 and "nothing to train" in resumed.stdout + resumed.stderr, resumed.stderr
+    assert "resuming" not in resumed.stdout + resumed.stderr, "issue 13 U8: a finished run is not resumed"
     kept = {name: digest for name, digest in tree_digest(run).items() if name.startswith("checkpoints")}
     assert kept == {name: digest for name, digest in before.items() if name.startswith("checkpoints")}
     assert not aside.exists()

@@ -640,9 +640,12 @@ def test_a_time_budget_stops_training_annealed_and_resume_carries_the_time_spent
     logged.clear()
     train(config, dataset, tmp_path / "run", builtin_registry(), resume=True, progress=False, log=logged.append)
     assert any("has spent its time budget (0.1 min): nothing to train" in m for m in logged), logged
+    assert not [m for m in logged if m.startswith("resuming")], "issue 13 U8: no 'resuming' of a spent run"
     assert len(list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))) == len(lines)
     more = load_config(overrides=[*TINY, "train.epochs=200", f"train.max_minutes={2 * budget}"])
-    train(more, dataset, tmp_path / "run", builtin_registry(), resume=True, progress=False, log=lambda m: None)
+    logged.clear()
+    train(more, dataset, tmp_path / "run", builtin_registry(), resume=True, progress=False, log=logged.append)
+    assert logged[0].startswith(f"resuming {tmp_path / 'run'} at epoch {len(lines) + 1}"), logged
     resumed = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
     assert len(resumed) > len(lines) and resumed[-1]["budget_spent"] == 1.0
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["spent_seconds"] >= 120 * budget

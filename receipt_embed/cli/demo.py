@@ -19,7 +19,7 @@ from receipt_embed.cli.options import (
 )
 from receipt_embed.display import printable, printable_lines
 from receipt_embed.errors import BadInput
-from receipt_embed.stops import StopAlreadySaid, StoppedBySignal
+from receipt_embed.stops import StopAlreadySaid, StoppedBySignal, told_by_the_caller
 from receipt_embed.training.rundir import LAST_CHECKPOINT
 
 
@@ -223,9 +223,10 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
     for part, step in steps:
         before = _checkpoint_of(out)
         try:
-            if part == "index":  # the run is the new one now
-                removed = _remove_stale(out, BUILT_FROM_RUN)
-            step()
+            with told_by_the_caller():  # the line below (or the lock of OUT) tells a stop, not the step's own lock
+                if part == "index":  # the run is the new one now
+                    removed = _remove_stale(out, BUILT_FROM_RUN)
+                step()
         except BaseException as exc:
             unfinished = part == "run" and _checkpoint_of(out) != before  # the old run is gone, the new one not done
             if unfinished:
@@ -270,12 +271,12 @@ def _state_of(out: Path, done: list[str], removed: list[str], unfinished: bool =
 def _say_stopped(stop, out: Path, done: list[str], removed: list[str], unfinished: bool = False) -> None:
     """One line for a demo stopped by a signal: ``OUT left as it was`` is true only before its
     first step ended; after that some parts are the new run's and the others the old ones."""
-    from receipt_embed.stops import signal_name
+    from receipt_embed.stops import stop_line
 
     if not done and not unfinished:
-        return  # the lock of OUT (or of the part being written) says it in its own line
+        return  # the lock of OUT says it in its own line
     print(
-        printable(f"stopped by {signal_name(stop)}: {_state_of(out, done, removed, unfinished)}"),
+        printable(f"{stop_line(stop)}: {_state_of(out, done, removed, unfinished)}"),
         file=sys.stderr,
         flush=True,
     )

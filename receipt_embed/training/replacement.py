@@ -168,7 +168,10 @@ class Replacement:
         discard(self.aside)
         self.aside = None
 
-    def failed(self) -> None:
-        if self.aside is not None:
-            restore(self.run_dir, self.aside)
-            self.aside = None
+    def failed(self) -> bool:
+        """Put the old run back; False when there was none (``--force`` into a new or empty dir)."""
+        if self.aside is None:
+            return False
+        restore(self.run_dir, self.aside)
+        self.aside = None
+        return True

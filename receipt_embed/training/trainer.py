@@ -123,7 +123,6 @@ class Trainer(TrainingStep):
         self.epoch, self.step, self.sums, self.best = 0, 0, fresh_sums(), None
         if self.state is not None:
             self._restore(self.state)
-            self.budget.spent_before = self.state.get("spent_seconds", 0.0)
 
     # -- setting up ------------------------------------------------------------------------------
 
@@ -154,7 +153,9 @@ class Trainer(TrainingStep):
 
     def _restore(self, state: dict) -> None:
         restore_state(self, state, self.run_dir / LAST)
-        self.log(f"resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
+        self.budget.spent_before = state.get("spent_seconds", 0.0)
+        if self.epoch < self.epochs and self.budget.progress() < 1.0:  # a finished run says "nothing to train"
+            self.log(f"resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
 
     def _state(self) -> dict:
         return run_state(self)
@@ -189,8 +190,7 @@ class Trainer(TrainingStep):
         try:
             return self._run()
         except BaseException:
-            if self.replacement is not None:
-                self.replacement.failed()
+            if self.replacement is not None and self.replacement.failed():
                 self.log(f"the new run stopped before its first checkpoint: the previous run in {self.run_dir} is kept")
             raise
 

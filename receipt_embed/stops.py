@@ -54,7 +54,9 @@ def as_stop(exc: BaseException, out) -> StoppedBySignal | None:
     exception may arrive as another one (raised inside an import or C extension that wraps what it
     catches): a signal received means a stop all the same."""
     stop = stop_of(exc)
-    if stop is not None and not stop.reported and not _told_by_outer:  # its staging copy is gone: the dir is the old one
+    if (
+        stop is not None and not stop.reported and not _told_by_outer
+    ):  # its staging copy is gone: the dir is the old one
         stop.reported = True
         from receipt_embed.display import printable
 

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from receipt_embed.batch_layout import TWO_VIEW
 from receipt_embed.config import Config, cache_size, save_config
-from receipt_embed.data.dataset_dir import cache_captures, load_dataset_dir, select_split
+from receipt_embed.data.dataset_dir import Captures, cache_captures, load_dataset_dir, select_split
 from receipt_embed.distributed import RankBatches, agree_after_step, any_rank, init_from_env
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
@@ -133,7 +133,7 @@ class Trainer(TrainingStep):
             check_same_dataset(self.run_dir, self.data_record, self.state, self.run_dir / LAST)
         rows = load_dataset_dir(data_dir)
         self.train_set = select_split(rows, "train")
-        self.val_set = select_split(rows, "val")
+        self.val_set = self._usable_val(select_split(rows, "val"), data_dir)
         if len(self.train_set.identities) < 2:
             raise BadInput(
                 f"{data_dir} has {len(self.train_set.identities)} training identities; at least 2 are needed"
@@ -142,6 +142,22 @@ class Trainer(TrainingStep):
         crop = self.config.data.page_crop
         self.train_cache = cache_captures(self.train_set, size, self.config.ingest, self.progress, crop_page=crop)
         self.val_cache = cache_captures(self.val_set, size, self.config.ingest, self.progress, crop_page=crop)
+
+    def _usable_val(self, val: Captures, data_dir) -> Captures:
+        """The val split to select ``best.pt`` on, said when it cannot tell epochs apart: one receipt's
+        captures can only find each other (recall@1 1.000 whatever the model), so it is not evaluated."""
+        receipts = len(val.identities)
+        advice = "hold out more receipts with `ingest --set 'ingest.split_ratios=[0.7,0.15,0.15]'`"
+        if receipts >= 5:
+            return val
+        if receipts >= 2:
+            self.log(
+                f"{data_dir} has only {receipts} val receipts: val recall@1 is a coarse guide to best.pt; {advice}"
+            )
+            return val
+        said = "no val receipts" if receipts == 0 else "1 val receipt, whose recall@1 is 1.000 whatever the model"
+        self.log(f"{data_dir} has {said}: nothing is evaluated and best.pt is the last epoch's; {advice}")
+        return Captures([], [], [])
 
     def _build_components(self) -> None:
         """Model, loss, sampler and augmentation from their plugins, each checked before the first step."""

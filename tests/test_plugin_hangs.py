@@ -88,6 +88,13 @@ def _program(args: list[str], **constants: float) -> list[str]:
     ]
 
 
+def _start(args: list[str], stderr=subprocess.PIPE, **constants: float) -> subprocess.Popen:
+    """``receipt-embed ARGS`` started in the background, its stderr piped (or written to ``stderr``)."""
+    return subprocess.Popen(
+        _program(args, **constants), env=_env(), stdout=subprocess.DEVNULL, stderr=stderr, text=True
+    )
+
+
 def _folder(path: Path, files: dict[str, str]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
@@ -120,12 +127,8 @@ def test_attack_round_22_mb1_a_plugin_whose_import_never_ends_is_named_and_sigte
     folder = _folder(tmp_path / "plugins", HANGS_IN_ITS_IMPORT)
     notice = tmp_path / "stderr.txt"
     with open(notice, "w") as err:
-        process = subprocess.Popen(
-            _program(["--plugins-dir", str(folder), "plugins"], **{"receipt_embed.plugin_watch.NOTICE_AFTER_S": 0.3}),
-            env=_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            text=True,
+        process = _start(
+            ["--plugins-dir", str(folder), "plugins"], stderr=err, **{"receipt_embed.plugin_watch.NOTICE_AFTER_S": 0.3}
         )
         _wait_for(lambda: "still loading" in notice.read_text(), process)
         started = time.monotonic()
@@ -178,28 +181,29 @@ def _train_args(dataset: Path, run: Path, folder: Path, *sets: str) -> list[str]
     return args
 
 
-def test_attack_round_22_mb2_sigterm_stops_training_inside_a_hanging_epoch_hook_and_resume_goes_on(tmp_path, dataset):
-    folder = _folder(tmp_path / "plugins", {"hang.py": HOOK_HANGS})
+def _stop_in_the_first_epoch_hook(tmp_path: Path, dataset: Path, plugin: str, epochs: int) -> tuple[Path, int, str]:
+    """Train with the hook plugin ``plugin`` (it touches ``hook_started_N``), SIGTERM once its first
+    call began: the run dir, the exit code and stderr."""
+    folder = _folder(tmp_path / "plugins", {"hook.py": plugin})
     run = tmp_path / "run"
-    process = subprocess.Popen(
-        _program(_train_args(dataset, run, folder, "train.epochs=3")),
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = _start(_train_args(dataset, run, folder, f"train.epochs={epochs}"))
     _wait_for(lambda: (run / "hook_started_1").exists(), process, seconds=240)
-    code, stderr = _stop(process)
+    return (run, *_stop(process))
+
+
+def test_attack_round_22_mb2_sigterm_stops_training_inside_a_hanging_epoch_hook_and_resume_goes_on(tmp_path, dataset):
+    run, code, stderr = _stop_in_the_first_epoch_hook(tmp_path, dataset, HOOK_HANGS, epochs=3)
+    folder = tmp_path / "plugins"
     assert code == 143, stderr
     assert (
-        f"SIGTERM received while calling on_epoch_end of plugin 'hang': saved {run / 'checkpoints' / 'last.pt'} "
+        f"SIGTERM received while calling on_epoch_end of plugin 'hook': saved {run / 'checkpoints' / 'last.pt'} "
         "after epoch 1; continue with --resume"
     ) in stderr
     assert "Traceback" not in stderr and "left as it was" not in stderr, stderr
     assert not (run / ".receipt-embed.lock").exists()
     resumed = subprocess.run(
         [sys.executable, "-m", "receipt_embed", *_train_args(dataset, run, folder, "train.epochs=3"), "--resume"],
-        env=_env(RECEIPT_EMBED_DISABLE_PLUGINS="hang"),
+        env=_env(RECEIPT_EMBED_DISABLE_PLUGINS="hook"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -213,15 +217,9 @@ def test_attack_round_22_mb2_a_second_stop_ends_a_step_that_never_ends(tmp_path,
     marker = tmp_path / "stuck"
     folder = _folder(tmp_path / "plugins", {"stuck.py": LOSS_HANGS})
     run = tmp_path / "run"
-    process = subprocess.Popen(
-        _program(
-            _train_args(dataset, run, folder, "loss.name=stuck", f"loss.params={{marker: '{marker}'}}"),
-            **{"receipt_embed.training.signals.STILL_FINISHING_S": 0.3},
-        ),
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = _start(
+        _train_args(dataset, run, folder, "loss.name=stuck", f"loss.params={{marker: '{marker}'}}"),
+        **{"receipt_embed.training.signals.STILL_FINISHING_S": 0.3},
     )
     _wait_for(marker.exists, process, seconds=240)
     process.send_signal(signal.SIGTERM)  # a flag for the end of the step, which never comes
@@ -312,38 +310,18 @@ while True:
 
 def test_attack_round_23_n1_a_stop_an_epoch_hook_swallows_still_stops_training(tmp_path, dataset):
     """A hook with a bare ``except:`` caught the stop raised inside it, and training ran to its end, exit 0."""
-    folder = _folder(tmp_path / "plugins", {"swallow.py": HOOK_SWALLOWS})
-    run = tmp_path / "run"
-    process = subprocess.Popen(
-        _program(_train_args(dataset, run, folder, "train.epochs=3")),
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _wait_for(lambda: (run / "hook_started_1").exists(), process, seconds=240)
-    code, stderr = _stop(process)
+    run, code, stderr = _stop_in_the_first_epoch_hook(tmp_path, dataset, HOOK_SWALLOWS, epochs=3)
     assert code == 143, stderr
     assert (run / "swallowed").exists()
     assert (
-        f"SIGTERM received while calling on_epoch_end of plugin 'swallow': saved {run / 'checkpoints' / 'last.pt'} "
+        f"SIGTERM received while calling on_epoch_end of plugin 'hook': saved {run / 'checkpoints' / 'last.pt'} "
         "after epoch 1; continue with --resume"
     ) in stderr
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 def test_attack_round_23_n13_a_hook_stopped_after_the_last_epoch_says_the_run_is_complete(tmp_path, dataset):
-    folder = _folder(tmp_path / "plugins", {"hang.py": HOOK_HANGS})
-    run = tmp_path / "run"
-    process = subprocess.Popen(
-        _program(_train_args(dataset, run, folder, "train.epochs=1")),
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _wait_for(lambda: (run / "hook_started_1").exists(), process, seconds=240)
-    code, stderr = _stop(process)
+    _, code, stderr = _stop_in_the_first_epoch_hook(tmp_path, dataset, HOOK_HANGS, epochs=1)
     assert code == 143, stderr
     assert "after epoch 1; that was the last epoch, so the run is complete" in stderr and "--resume" not in stderr
 
@@ -353,12 +331,8 @@ def test_attack_round_23_n2_a_stop_sent_again_ends_plugin_code_that_catches_ever
     folder = _folder(tmp_path / "plugins", {"sw.py": LOADS_FOREVER_CATCHING_EVERYTHING})
     notice = tmp_path / "stderr.txt"
     with open(notice, "w") as err:
-        process = subprocess.Popen(
-            _program(["--plugins-dir", str(folder), "plugins"], **{"receipt_embed.plugin_watch.NOTICE_AFTER_S": 0.3}),
-            env=_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            text=True,
+        process = _start(
+            ["--plugins-dir", str(folder), "plugins"], stderr=err, **{"receipt_embed.plugin_watch.NOTICE_AFTER_S": 0.3}
         )
         _wait_for(lambda: "still loading" in notice.read_text(), process)
         process.send_signal(signal.SIGTERM)  # swallowed

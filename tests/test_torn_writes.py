@@ -245,22 +245,16 @@ def test_the_fallback_swap_without_renameat2_replaces_the_dir(tmp_path, monkeypa
 
 
 def test_train_force_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_path, trained):
-    from test_training import NAN_PLUGIN
+    from test_training import nan_loss_plugins
 
     from receipt_embed.config import load_config
-    from receipt_embed.plugin_manager import PluginLoader
     from receipt_embed.training.replacement import set_aside, settle_leftovers
     from receipt_embed.training.trainer import TrainingDiverged, train
 
     dataset, run = trained[0], tmp_path / "run"
     shutil.copytree(trained[1], run)
     before = tree_digest(run)
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
-    loader = PluginLoader()
-    loader.load_builtins()
-    loader.load_folder(tmp_path / "plugins")
-    loader.collect_components()
+    loader = nan_loss_plugins(tmp_path)
     failing = load_config(overrides=[*TINY_TRAINING, "loss.name=nan_after", "loss.params={after: 0}"])
     logged: list[str] = []
     with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):

@@ -179,13 +179,19 @@ def register_losses(register):
 """
 
 
-def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path):
+def nan_loss_plugins(tmp_path: Path) -> PluginLoader:
+    """The built-ins and ``NAN_PLUGIN`` (loss ``nan_after``) from ``tmp_path/plugins``, loaded."""
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
     loader = PluginLoader()
     loader.load_builtins()
     loader.load_folder(tmp_path / "plugins")
     loader.collect_components()
+    return loader
+
+
+def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path):
+    loader = nan_loss_plugins(tmp_path)
     config = load_config(overrides=[*TINY, "train.epochs=3", "loss.name=nan_after", "loss.temperature=0.07"])
     with pytest.raises(
         TrainingDiverged, match=r"loss became nan at epoch 2, step 2 \(loss nan_after, temperature 0.07\)"
@@ -196,12 +202,7 @@ def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path
 
 
 def test_attack_round_22_mb6_a_nan_loss_before_any_update_blames_the_loss_not_the_learning_rate(dataset, tmp_path):
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
-    loader = PluginLoader()
-    loader.load_builtins()
-    loader.load_folder(tmp_path / "plugins")
-    loader.collect_components()
+    loader = nan_loss_plugins(tmp_path)
     config = load_config(overrides=[*TINY, "loss.name=nan_after", "loss.temperature=0.07", "loss.params={after: 0}"])
     with pytest.raises(TrainingDiverged) as stopped:
         train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=lambda m: None)
@@ -216,12 +217,7 @@ def test_attack_round_22_mb6_a_nan_loss_before_any_update_blames_the_loss_not_th
 def test_a_nan_loss_at_a_high_temperature_does_not_advise_a_higher_one(dataset, tmp_path):
     """Attack round 16 (F13): the NaN stop always advised "a higher loss.temperature", even at a
     temperature of 1e300; the advice now fits the run's values."""
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
-    loader = PluginLoader()
-    loader.load_builtins()
-    loader.load_folder(tmp_path / "plugins")
-    loader.collect_components()
+    loader = nan_loss_plugins(tmp_path)
     config = load_config(
         overrides=[*TINY, "train.epochs=1", "loss.name=nan_after", "loss.params={after: 1}", "loss.temperature=50"]
     )

@@ -117,22 +117,21 @@ def test_attack_round_22_ma2_ma3_a_lock_record_says_only_what_it_holds_and_anoth
     from receipt_embed.locking import DirLocked, write_lock
 
     out = tmp_path / "ds"
-    (tmp_path / ".ds.lock").write_text(json.dumps({"pid": 4242, "host": "elsewhere", "command": "receipt-embed x"}))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with write_lock(out):
-            pass
-    assert [str(w.message) for w in caught] == [
+
+    def warnings_taking_over(record: dict) -> list[str]:
+        (tmp_path / ".ds.lock").write_text(json.dumps(record))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with write_lock(out):
+                pass
+        return [str(w.message) for w in caught]
+
+    assert warnings_taking_over({"pid": 4242, "host": "elsewhere", "command": "receipt-embed x"}) == [
         f"took over the lock on {out} left by pid 4242 on host elsewhere (`receipt-embed x`): its lock is free "
         f"here, but a writer on another host cannot be seen from {socket.gethostname()}; if it may still be "
         "writing, stop this command"
     ]
-    (tmp_path / ".ds.lock").write_text(json.dumps({"pid": 4243, "host": socket.gethostname()}))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with write_lock(out):
-            pass
-    assert [str(w.message) for w in caught] == [
+    assert warnings_taking_over({"pid": 4243, "host": socket.gethostname()}) == [
         f"took over the lock on {out} left by pid 4243 on host {socket.gethostname()}, which is no longer running"
     ]
     # a live holder that has taken the flock but not yet written its record

@@ -989,7 +989,7 @@ def test_a_val_split_too_small_to_choose_by_is_said(tmp_path, val_receipts):
     ingest(tmp_path / "manifest.csv", tmp_path / "ds", load_config().ingest)
     logged: list[str] = []
     config = load_config(overrides=[*TINY, "train.epochs=1"])
-    train(config, tmp_path / "ds", tmp_path / "run", builtin_registry(), progress=False, log=logged.append)
+    result = train(config, tmp_path / "ds", tmp_path / "run", builtin_registry(), progress=False, log=logged.append)
     advice = "hold out more receipts with `ingest --set 'ingest.split_ratios=[0.7,0.15,0.15]'`"
     (line,) = _metrics(tmp_path / "run")
     if val_receipts == 1:
@@ -998,9 +998,13 @@ def test_a_val_split_too_small_to_choose_by_is_said(tmp_path, val_receipts):
             f"evaluated and best.pt is the last epoch's; {advice}"
         ) in logged, logged
         assert "val" not in line
+        # attack round 24 P4: `demo` formatted the missing best recall and died with an internal error
+        assert result.best_said() == "no val figures to choose by, so best.pt is the last epoch's"
     else:
         assert (
             f"{tmp_path / 'ds'} has only 3 val receipts: val recall@1 is a coarse guide to best.pt; {advice}"
         ) in logged, logged
         assert line["val"]["head"]["recall_at_1"] is not None
+        chosen = line["val"][config.train.select_on]["recall_at_1"]
+        assert result.best_said() == f"best val recall@1 {chosen:.3f} at epoch 1"
     assert (tmp_path / "run" / "checkpoints" / "best.pt").is_file()

@@ -331,7 +331,7 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
             err=True,
         )
         raise StopAlreadySaid(exc.code) from None  # the line above said it
-    click.echo(f"  best val recall@1 {trained.best_recall_at_1:.3f} at epoch {trained.best_epoch}")
+    click.echo(f"  {trained.best_said()}")
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
     atomic_write_json(out / "heldout_retrieval.json", figures)
     for features, f in figures.items():

@@ -325,9 +325,4 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
             raise
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    best = (
-        f"best val recall@1 {result.best_recall_at_1:.3f} at epoch {result.best_epoch}"
-        if result.best_epoch
-        else "no val split"
-    )
-    click.echo(printable(f"Trained {out}: {best}; checkpoints in {out / 'checkpoints'}"))
+    click.echo(printable(f"Trained {out}: {result.best_said()}; checkpoints in {out / 'checkpoints'}"))

@@ -75,6 +75,12 @@ class TrainResult:
     best_epoch: int | None = None
     best_recall_at_1: float | None = None
 
+    def best_said(self) -> str:
+        """``best val recall@1 0.917 at epoch 12``, or why there is none (best.pt is then the last epoch's)."""
+        if self.best_epoch is None or self.best_recall_at_1 is None:
+            return "no val figures to choose by, so best.pt is the last epoch's"
+        return f"best val recall@1 {self.best_recall_at_1:.3f} at epoch {self.best_epoch}"
+
 
 class Trainer(TrainingStep):
     """Holds the pieces of one run; :meth:`run` trains to the configured epoch count.

@@ -9,7 +9,10 @@ Inside :func:`plugin_code`:
 - after ``NOTICE_AFTER_S`` a line on stderr says which plugin is still running and how to skip it,
   so a hang has a name before anyone reaches for ``kill -9``;
 - ``os._exit`` called by the plugin in this process raises :class:`PluginCalledExit` instead of
-  ending the command silently with the plugin's exit code (a child process it forks exits as usual).
+  ending the command silently with the plugin's exit code (a child process it forks exits as usual,
+  and one that leaves the plugin's code another way, returning or raising, exits there);
+- a stop that arrives while it runs stops the command, even when the plugin's code swallows it or
+  turns it into an error of its own.
 """
 
 from __future__ import annotations
@@ -64,15 +67,34 @@ def plugin_code(name: str, doing: str) -> Iterator[None]:
     try:
         with stops._stopping_on(_caught_signals()):
             yield
+            _end_a_forked_child(pid, 0)
             if len(stops.received) > stops_before:  # a stop arrived and the plugin's code swallowed it
                 stops.raise_if_stopped()
-    except BaseException:
+    except BaseException as exc:
+        _end_a_forked_child(pid, exc.code if isinstance(exc, SystemExit) else 1)
         stops.note_stopped_while(what)  # only when a stop signal has arrived
+        if len(stops.received) > stops_before and not isinstance(exc, stops.StoppedBySignal):
+            # the plugin turned the stop into an error of its own (``except BaseException: raise
+            # RuntimeError``): it is the stop all the same, never a plugin failure to go on after
+            raise stops.StoppedBySignal(stops.received[-1]) from None
         raise
     finally:
         active.clear()
         os._exit = previous_exit
         notice.cancel()
+
+
+def _end_a_forked_child(pid: int, code) -> None:
+    """A child process the plugin forked never returns into the command (it would go on as a second
+    trainer or writer in the same dir): leaving the plugin's code, however it leaves, it exits."""
+    if os.getpid() == pid:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    stops._hard_exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
 def _caught_signals() -> tuple:

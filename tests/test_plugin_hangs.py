@@ -369,3 +369,77 @@ def test_a_plugin_with_a_syntax_error_is_named_in_one_line(cli, tmp_path):
     assert json.loads(result.stdout)["failed"] == [
         {"name": "broken", "error": "SyntaxError: expected ':' (broken.py, line 4)"}
     ]
+
+
+def test_attack_round_24_p1_a_forked_child_leaving_plugin_code_exits_there():
+    """A hook that forked, its child calling ``sys.exit(0)``, had that child reported as a failed
+    plugin and then training on as a second trainer in the same run dir. However a forked child
+    leaves the plugin's code (returning, an exit, an error), it exits there."""
+    from receipt_embed import stops
+    from receipt_embed.plugin_watch import plugin_code
+
+    parent = os.getpid()
+    for leave, expected in (("pass", 0), ("sys.exit(3)", 3), ("sys.exit('bye')", 1), ("raise ValueError", 1)):
+        try:
+            with plugin_code("forks", "calling on_epoch_end of"):
+                pid = os.fork()
+                if pid == 0:
+                    exec(leave, {"sys": sys})
+        except BaseException:
+            if os.getpid() != parent:
+                stops._hard_exit(99)  # the child came back into the caller: the failure this test catches
+            raise
+        if os.getpid() != parent:
+            stops._hard_exit(99)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == expected, leave
+
+
+HOOK_WRAPS_THE_STOP = """
+import time
+from receipt_embed.hookspecs import hookimpl
+
+@hookimpl
+def on_epoch_end(run_dir, epoch):
+    (run_dir / f"hook_started_{epoch}").touch()
+    try:
+        while True:
+            time.sleep(0.01)
+    except BaseException as exc:
+        raise RuntimeError("the hook was interrupted") from exc
+"""
+
+IMPORT_WRAPS_THE_STOP = """
+import time
+try:
+    while True:
+        time.sleep(0.01)
+except BaseException as exc:
+    raise ImportError("interrupted while loading") from exc
+"""
+
+
+def test_attack_round_24_p2_a_stop_a_hook_turns_into_its_own_error_still_stops_training(tmp_path, dataset):
+    """The hook's RuntimeError read as a failed plugin: training went on and exited 0."""
+    run, code, stderr = _stop_in_the_first_epoch_hook(tmp_path, dataset, HOOK_WRAPS_THE_STOP, epochs=3)
+    assert code == 143, stderr
+    assert (
+        f"SIGTERM received while calling on_epoch_end of plugin 'hook': saved {run / 'checkpoints' / 'last.pt'} "
+        "after epoch 1; continue with --resume"
+    ) in stderr
+    assert "failed" not in stderr and len((run / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_attack_round_24_p2_a_stop_a_plugin_import_turns_into_an_import_error_still_stops(tmp_path):
+    folder = _folder(tmp_path / "plugins", {"wrap.py": IMPORT_WRAPS_THE_STOP})
+    notice = tmp_path / "stderr.txt"
+    with open(notice, "w") as err:
+        process = _start(
+            ["--plugins-dir", str(folder), "plugins"], stderr=err, **{"receipt_embed.plugin_watch.NOTICE_AFTER_S": 0.3}
+        )
+        _wait_for(lambda: "still loading" in notice.read_text(), process)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    stderr = notice.read_text()
+    assert code == 143, stderr
+    assert "stopped by SIGTERM while loading plugin 'wrap'" in stderr and "failed to load" not in stderr, stderr

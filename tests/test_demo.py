@@ -88,9 +88,11 @@ def test_a_demo_stopped_in_training_exits_143_saying_how_to_go_on(tmp_path):
     assert child.returncode == 143, err  # 128 + SIGTERM, as a shell reports it
     assert "internal error" not in err and "Traceback" not in err, err
     assert (
-        f"the demo's index and audit were not made: run it again with `receipt-embed demo --out {out} --force`" in err
-    )
-    assert f"`receipt-embed train --out {out / 'run'} --resume`" in err
+        f"; the demo in {out} replaced dataset, run (the new one, unfinished); index, audit were not made: run it "
+        f"again with `receipt-embed demo --out {out} --force`, or finish the training with "
+        f"`receipt-embed train --out {out / 'run'} --resume`\n"
+    ) in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_a_set_too_small_to_audit_is_refused_before_any_training(tmp_path):
@@ -157,6 +159,46 @@ def test_a_demo_stopped_inside_a_step_says_one_line(tmp_path, monkeypatch, capsy
     with pytest.raises(StoppedBySignal), write_lock(out / "index"):  # outside a demo the writer's lock tells it
         raise StoppedBySignal(143)
     assert capsys.readouterr().err == f"stopped by SIGTERM: {out / 'index'} left as it was\n"
+
+
+def test_a_demo_stopped_in_training_says_truly_what_out_holds(tmp_path, monkeypatch, capsys):
+    """Attack round 24 P3, P8: `demo --force` stopped before the new run's first checkpoint said the
+    index and audit "were not made" (the previous ones were there) and advised `train --resume` of the
+    old, finished run; one stopped after training, in the held-out figures, called the run unfinished."""
+    from receipt_embed.cli import demo
+    from receipt_embed.stops import StopAlreadySaid, StoppedBySignal
+
+    out = tmp_path / "out"
+    _old_demo_parts(out)
+    (out / "run" / "checkpoints").mkdir(parents=True)
+    (out / "run" / "checkpoints" / "last.pt").write_bytes(b"the previous run")
+
+    def stopped_before_a_checkpoint(*args):
+        raise demo._TrainingStopped("SIGTERM received: stopped; no checkpoint had been saved yet", 143)
+
+    def stopped_after_training(config, registry, out_dir, progress, quiet, trained):
+        (out / "run" / "checkpoints" / "last.pt").unlink()
+        (out / "run" / "checkpoints" / "last.pt").write_bytes(b"the new run")
+        trained.append(True)
+        raise StoppedBySignal(143)
+
+    for step in ("ingest", "index", "audit"):
+        monkeypatch.setattr(demo, f"_{step}_step", lambda *args: None)
+    monkeypatch.setattr(demo, "_train_step", stopped_before_a_checkpoint)
+    with pytest.raises(StopAlreadySaid):
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    assert capsys.readouterr().err == (
+        f"SIGTERM received: stopped; no checkpoint had been saved yet; the demo in {out} replaced dataset; run, "
+        f"index, audit are the previous run's: run it again with `receipt-embed demo --out {out} --force`\n"
+    )
+    monkeypatch.setattr(demo, "_train_step", stopped_after_training)
+    with pytest.raises(StoppedBySignal):
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    assert capsys.readouterr().err == (
+        f"stopped by SIGTERM: the demo in {out} replaced dataset, run; removed the previous index and audit (built "
+        f"from the replaced run): run it again with `receipt-embed demo --out {out} --force`\n"
+    )
+    assert not (out / "heldout_retrieval.json").exists()  # the old run's figures went with it
 
 
 def _old_demo_parts(out: Path) -> None:

@@ -212,9 +212,10 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
         source = out / "samples"
         click.echo(printable(f"data_samples/ not found; generating sample receipts into {source}"))
         make_samples(source, receipts=60, devices=3, seed=0)
+    trained: list[bool] = []  # set once the new run's training has returned: the run is complete
     steps = (
         ("dataset", lambda: _ingest_step(config, source, out, progress)),
-        ("run", lambda: _train_step(config, registry, out, progress, quiet)),
+        ("run", lambda: _train_step(config, registry, out, progress, quiet, trained)),
         ("index", lambda: _index_step(config, registry, out, progress)),
         ("audit", lambda: _audit_step(registry, out)),
     )
@@ -228,9 +229,18 @@ def _run_demo(config, registry, out: Path, samples, quiet: bool) -> None:
                     removed = _remove_stale(out, BUILT_FROM_RUN)
                 step()
         except BaseException as exc:
-            unfinished = part == "run" and _checkpoint_of(out) != before  # the old run is gone, the new one not done
-            if unfinished:
+            replaced = part == "run" and _checkpoint_of(out) != before  # the old run is gone
+            if replaced:  # what was built from the old run describes a run that is gone
                 removed = _remove_stale(out, (*BUILT_FROM_RUN, "heldout_retrieval.json"), quietly=True)
+                if trained:  # complete; only its held-out figures were not written
+                    done.append(part)
+            unfinished = replaced and not trained
+            if isinstance(exc, _TrainingStopped):  # training's own line, with what OUT holds now
+                line = f"{exc.said}; {_state_of(out, done, removed, unfinished)}"
+                if unfinished:
+                    line += f", or finish the training with `receipt-embed train --out {out / 'run'} --resume`"
+                click.echo(printable(line), err=True)
+                raise StopAlreadySaid(exc.code) from None
             if isinstance(exc, StoppedBySignal):  # between or inside steps: say which parts of OUT are new
                 _say_stopped(exc, out, done, removed, unfinished)
             elif isinstance(exc, (OSError, BadInput, click.ClickException)) and (done or unfinished):
@@ -298,7 +308,16 @@ def _ingest_step(config, source: Path, out: Path, progress: bool) -> None:
         )
 
 
-def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> None:
+class _TrainingStopped(SystemExit):
+    """Training stopped by a signal (``last.pt`` saved, or no checkpoint yet): its own words, which
+    the demo completes with what OUT holds."""
+
+    def __init__(self, said: str, code):
+        super().__init__(code)
+        self.said = said
+
+
+def _train_step(config, registry, out: Path, progress: bool, quiet: bool, trained: list | None = None) -> None:
     """Train, then the held-out retrieval of the best checkpoint (``heldout_retrieval.json``)."""
     from receipt_embed.fileio import atomic_write_json
     from receipt_embed.training.trainer import TrainingInterrupted, train
@@ -310,7 +329,7 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
         )
     )
     try:
-        trained = train(
+        result = train(
             config,
             out / "dataset",
             out / "run",
@@ -321,17 +340,11 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool) -> Non
         )
     except _plugin_failures() as exc:
         raise InputError(str(exc)) from None
-    except TrainingInterrupted as exc:  # the run's last.pt is saved; the demo's later steps never ran
-        click.echo(
-            printable(
-                f"{str(exc).removesuffix('; continue with --resume')}; the demo's index and audit were not made: "
-                f"run it again with `receipt-embed demo --out {out} --force`, or finish the training with "
-                f"`receipt-embed train --out {out / 'run'} --resume`"
-            ),
-            err=True,
-        )
-        raise StopAlreadySaid(exc.code) from None  # the line above said it
-    click.echo(f"  {trained.best_said()}")
+    except TrainingInterrupted as exc:  # the demo's later steps never ran; _run_demo says what OUT holds
+        raise _TrainingStopped(str(exc).removesuffix("; continue with --resume"), exc.code) from None
+    if trained is not None:
+        trained.append(True)
+    click.echo(f"  {result.best_said()}")
     figures = heldout_retrieval(out / "run" / "checkpoints" / "best.pt", out / "dataset", registry)
     atomic_write_json(out / "heldout_retrieval.json", figures)
     for features, f in figures.items():

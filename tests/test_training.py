@@ -1008,3 +1008,47 @@ def test_a_val_split_too_small_to_choose_by_is_said(tmp_path, val_receipts):
         chosen = line["val"][config.train.select_on]["recall_at_1"]
         assert result.best_said() == f"best val recall@1 {chosen:.3f} at epoch 1"
     assert (tmp_path / "run" / "checkpoints" / "best.pt").is_file()
+
+
+HOOK_NOTES_ITS_CALLS = """
+from receipt_embed.hookspecs import hookimpl
+
+@hookimpl
+def on_epoch_end(run_dir, epoch):
+    (run_dir / f"hook_called_{epoch}").touch()
+"""
+
+
+@pytest.mark.parametrize("epochs", [2, 1])
+def test_a_stop_during_evaluation_ends_the_epoch_before_its_hooks(dataset, tmp_path, monkeypatch, epochs):
+    """Attack round 24 P5, P9: a SIGTERM that arrived while the epoch was evaluated only set training's
+    flag, so a hook that then hung needed a second signal; and in the last epoch it was dropped: the run
+    exited 0 as if no signal had come. The epoch is saved, its hooks are not called, and the stop is said."""
+    import receipt_embed.training.trainer as trainer_module
+    from receipt_embed.training.trainer import TrainingInterrupted
+
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "notes.py").write_text(HOOK_NOTES_ITS_CALLS)
+    loader = PluginLoader()
+    loader.load_builtins()
+    loader.load_folder(tmp_path / "plugins")
+    loader.collect_components()
+    real_evaluate = trainer_module.evaluate
+
+    def evaluate_then_stop(*args, **kwargs):
+        figures = real_evaluate(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # training's handler notes it: a flag
+        return figures
+
+    monkeypatch.setattr(trainer_module, "evaluate", evaluate_then_stop)
+    run = tmp_path / "run"
+    config = load_config(overrides=[*TINY, f"train.epochs={epochs}"])
+    with pytest.raises(TrainingInterrupted) as info:
+        train(config, dataset, run, loader.registry, progress=False, log=lambda m: None)
+    then = "continue with --resume" if epochs == 2 else "that was the last epoch, so the run is complete"
+    assert str(info.value) == (
+        f"SIGTERM received: saved {run / 'checkpoints' / 'last.pt'} after epoch 1 (its epoch hooks were not "
+        f"called); {then}"
+    )
+    assert info.value.code == 143 and info.value.complete == (epochs == 1)
+    assert not (run / "hook_called_1").exists() and load_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 1

@@ -341,6 +341,8 @@ def _train_step(config, registry, out: Path, progress: bool, quiet: bool, traine
     except _plugin_failures() as exc:
         raise InputError(str(exc)) from None
     except TrainingInterrupted as exc:  # the demo's later steps never ran; _run_demo says what OUT holds
+        if exc.complete and trained is not None:
+            trained.append(True)
         raise _TrainingStopped(str(exc).removesuffix("; continue with --resume"), exc.code) from None
     if trained is not None:
         trained.append(True)

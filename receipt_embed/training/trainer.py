@@ -61,11 +61,12 @@ class TrainingInterrupted(SaysWhatTheStopLeft, RuntimeError):
     """SIGINT or SIGTERM arrived; a checkpoint was saved to resume from. ``code`` is the exit code
     a shell expects of that signal (130 for SIGINT, 143 for SIGTERM)."""
 
-    def __init__(self, message: str, signal_name: str | None = None):
+    def __init__(self, message: str, signal_name: str | None = None, complete: bool = False):
         super().__init__(message)
         import signal
 
         self.code = 128 + (signal.Signals[signal_name] if signal_name else signal.SIGINT)
+        self.complete = complete  # it came after the last epoch was saved: nothing is left to train
 
 
 @dataclass
@@ -127,6 +128,7 @@ class Trainer(TrainingStep):
         time_spent = (lambda: self.budget_spent) if config.train.max_minutes is not None else None
         self.scheduler = lr_schedule(self.optimizer, self.steps_per_epoch, self.epochs, config, time_spent)
         self.epoch, self.step, self.sums, self.best = 0, 0, fresh_sums(), None
+        self.stop_flag: list[str] = []  # the stop signals training's handler noted (receipt_embed.training.signals)
         if self.state is not None:
             self._restore(self.state)
 
@@ -233,6 +235,7 @@ class Trainer(TrainingStep):
             self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
         raise_if_stopped()  # a stop before training whose exception a library swallowed
         with stop_on_signals() as received:
+            self.stop_flag = received
             try:
                 while self.epoch < epochs and not self.out_of_time:
                     self._train_epoch(loader, received)
@@ -330,21 +333,28 @@ class Trainer(TrainingStep):
         append_line(self.run_dir / METRICS_FILE, json.dumps(line))  # one write + fsync: a crash tears at most this line
         self._next_epoch()
         self._save_checkpoints(line)
+        complete = self.epoch >= self.epochs or self.out_of_time
+        then = "that was the last epoch, so the run is complete" if complete else "continue with --resume"
+        if self.stop_flag and not self.ctx.distributed:
+            # a stop during evaluation or saving: the hooks could run on and never return (the signal
+            # that stops a hook at once came before it); ranks agree on stops after the epoch instead
+            raise TrainingInterrupted(
+                f"{self.stop_flag[0]} received: saved {self.run_dir / LAST} after epoch {self.epoch} (its epoch "
+                f"hooks were not called); {then}",
+                self.stop_flag[0],
+                complete,
+            )
         try:  # a hook may hang: a stop signal raises inside it at once (receipt_embed.plugin_watch)
             call_epoch_hooks(self.registry, self.run_dir, line, self.model, self.config)
         except BaseException as exc:
             stop = stop_of(exc)
             if stop is None:
                 raise
-            then = (
-                "continue with --resume"
-                if self.epoch < self.epochs and not self.out_of_time
-                else "that was the last epoch, so the run is complete"
-            )
             raise TrainingInterrupted(
                 f"{signal_name(stop)} received{stopped_while()}: saved {self.run_dir / LAST} after epoch "
                 f"{self.epoch}; {then}",
                 signal_name(stop),
+                complete,
             ) from None
         return line
 

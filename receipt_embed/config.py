@@ -493,9 +493,11 @@ def _has_merge_key(node) -> bool:
 def _drops_a_comment(text: str, value) -> bool:
     """Whether YAML reads part of an override's value as a comment (`` #`` and after), which a
     config file may have but a ``--set`` value written on one line almost never means."""
-    if not re.search(r"(^|\s)#", text):
-        return False
-    return not any("#" in str(node.value) for node in _scalars(value))
+    scalars = [str(node.value) for node in _scalars(value)]
+    for found in re.finditer(r"(?:^|\s)(#[^\s'\"]*)", text):  # each place a comment could start
+        if not any(found.group(1) in scalar for scalar in scalars):  # its text is in no value: dropped
+            return True
+    return False
 
 
 def key_levels(key: str) -> int:
@@ -536,10 +538,15 @@ def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
             )
         try:
             layers.append(OmegaConf.from_dotlist([_numbers_written_out(item, value)]))
+        except RecursionError:  # ${oc.decode:[[[...]]]}: the interpolation's grammar recurses per bracket
+            raise ConfigError(f"cannot parse {where}: {_TOO_DEEP}") from None
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as exc:
             first_line = str(exc).strip().splitlines()[0]
             raise ConfigError(f"cannot parse {where}: {shortened(first_line)}") from None
     return layers
+
+
+_TOO_DEEP = f"an interpolation nests too deeply to read (a config nests at most {MAX_CONFIG_DEPTH} levels)"
 
 
 def _source_of(key: str, layers: list, sources: Sequence[str]) -> str | None:
@@ -634,6 +641,8 @@ def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
                 f"config key '{key}'{f' (from {source})' if source else ''} cannot be resolved: {problem}"
             ) from None
         raise ConfigError(f"cannot resolve the config: {problem}") from None
+    except RecursionError:  # an interpolation deeper than Python recurses
+        raise ConfigError(f"cannot resolve the config: {_TOO_DEEP}") from None
     except TypeError as exc:  # a list where a mapping is expected, or `--set data.image_size[0]=32`
         clash = _container_clash(layers, sources)
         if clash:
@@ -679,7 +688,10 @@ def load_config(config_file: str | Path | Sequence[str | Path] | None = None, ov
     sources = ["the packaged defaults"]
     files = [] if config_file is None else [config_file] if isinstance(config_file, (str, Path)) else list(config_file)
     for path in files:
-        layers.append(OmegaConf.create(_load_yaml(Path(path))))
+        try:
+            layers.append(OmegaConf.create(_load_yaml(Path(path))))
+        except RecursionError:  # ${oc.decode:[[[...]]]}: the interpolation's grammar recurses per bracket
+            raise ConfigError(f"config file {path}: {_TOO_DEEP}") from None
         sources.append(f"config file {path}")
     layers.extend(_parse_overrides(overrides))
     sources.extend(f"--set '{shortened(item)}'" for item in overrides)

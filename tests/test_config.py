@@ -608,3 +608,33 @@ def test_attack_round_22_mb11_yaml_merge_keys_are_named_as_such(tmp_path):
     with pytest.raises(ConfigError, match=r"^--set 'model.params=\{<<: \{a: 1\}\}': '<<' is YAML's merge key"):
         load_config(overrides=["model.params={<<: {a: 1}}"])
     assert load_config(overrides=["model.params={'<<': 1}"]).model.params == {"<<": 1}, "a quoted key is a name"
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["model.pretrained=a#b #comment", "sampler.params={column: 'm#1'} #note", "train.epochs=3 #x"],
+)
+def test_attack_round_24_p7_a_comment_is_refused_even_when_a_value_holds_a_hash(override):
+    """A `#` inside one value let a trailing comment elsewhere in the same --set through, silently dropped."""
+    with pytest.raises(ConfigError, match="YAML reads the text from ' #' on as a comment and would drop it"):
+        load_config(overrides=[override])
+
+
+def test_attack_round_24_p7_a_hash_inside_a_value_is_kept():
+    assert load_config(overrides=["model.pretrained=a#b"]).model.pretrained == "a#b"
+    assert load_config(overrides=["model.pretrained='x #y'"]).model.pretrained == "x #y"
+
+
+def test_attack_round_24_p6_an_interpolation_nested_thousands_deep_is_a_config_error(tmp_path):
+    """``${oc.decode:[[[...]]]}`` 3,000 deep was an internal RecursionError, in --set and in files alike."""
+    deep = "${oc.decode:" + "[" * 3000 + "]" * 3000 + "}"
+    too_deep = "an interpolation nests too deeply to read (a config nests at most 32 levels)"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"train.seed={deep}"])
+    assert str(info.value).startswith("cannot parse --set 'train.seed=${oc.decode:[[[") and str(info.value).endswith(
+        too_deep
+    )
+    (tmp_path / "c.yaml").write_text(f"train:\n  seed: {deep}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert str(info.value) == f"config file {tmp_path / 'c.yaml'}: {too_deep}"

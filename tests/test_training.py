@@ -990,7 +990,10 @@ def test_a_val_split_too_small_to_choose_by_is_said(tmp_path, val_receipts):
     logged: list[str] = []
     config = load_config(overrides=[*TINY, "train.epochs=1"])
     result = train(config, tmp_path / "ds", tmp_path / "run", builtin_registry(), progress=False, log=logged.append)
-    advice = "hold out more receipts with `ingest --set 'ingest.split_ratios=[0.7,0.15,0.15]'`"
+    advice = (
+        "put more receipts in val: mark them val in the manifest's split column, or, without that column, "
+        "`ingest --set 'ingest.split_ratios=[0.7,0.15,0.15]'`"
+    )
     (line,) = _metrics(tmp_path / "run")
     if val_receipts == 1:
         assert (

@@ -155,7 +155,10 @@ class Trainer(TrainingStep):
         """The val split to select ``best.pt`` on, said when it cannot tell epochs apart: one receipt's
         captures can only find each other (recall@1 1.000 whatever the model), so it is not evaluated."""
         receipts = len(val.identities)
-        advice = "hold out more receipts with `ingest --set 'ingest.split_ratios=[0.7,0.15,0.15]'`"
+        advice = (
+            "put more receipts in val: mark them val in the manifest's split column, or, without that column, "
+            "`ingest --set 'ingest.split_ratios=[0.7,0.15,0.15]'`"
+        )
         if receipts >= 5:
             return val
         if receipts >= 2:

@@ -443,3 +443,29 @@ def test_attack_round_24_p2_a_stop_a_plugin_import_turns_into_an_import_error_st
     stderr = notice.read_text()
     assert code == 143, stderr
     assert "stopped by SIGTERM while loading plugin 'wrap'" in stderr and "failed to load" not in stderr, stderr
+
+
+def test_attack_round_24_p10_a_force_run_stopped_at_once_says_the_previous_run_is_kept(tmp_path, dataset):
+    """It said "no checkpoint had been saved yet", true of the new run, while the old run's last.pt was back."""
+    marker = tmp_path / "stuck"
+    folder = _folder(tmp_path / "plugins", {"stuck.py": LOSS_HANGS})
+    run = tmp_path / "run"
+    first = subprocess.run(
+        [sys.executable, "-m", "receipt_embed", *_train_args(dataset, run, folder, "train.epochs=1")],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    before = (run / "checkpoints" / "last.pt").read_bytes()
+    process = _start(
+        [*_train_args(dataset, run, folder, "loss.name=stuck", f"loss.params={{marker: '{marker}'}}"), "--force"]
+    )
+    _wait_for(marker.exists, process, seconds=240)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(1.5)  # past the window in which a second SIGTERM is the same stop delivered twice
+    code, stderr = _stop(process)
+    assert code == 143, stderr
+    assert f"the new run had saved no checkpoint, so the previous run in {run} is kept" in stderr, stderr
+    assert (run / "checkpoints" / "last.pt").read_bytes() == before

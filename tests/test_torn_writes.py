@@ -397,6 +397,7 @@ def test_a_checkpoint_set_aside_by_a_killed_force_run_is_named_with_how_to_put_i
     resumed = run_cli("train", "--out", run, "--resume", "-q")
     assert resumed.returncode == 0 and "nothing to train" in resumed.stdout + resumed.stderr, resumed.stderr
     assert "resuming" not in resumed.stdout + resumed.stderr, "issue 13 U8: a finished run is not resumed"
+    assert "Trained" not in resumed.stdout, "attack round 24 P10: nothing was trained"
     kept = {name: digest for name, digest in tree_digest(run).items() if name.startswith("checkpoints")}
     assert kept == {name: digest for name, digest in before.items() if name.startswith("checkpoints")}
     assert not aside.exists()

@@ -325,4 +325,6 @@ def _train(config, registry, data_dir, out, resume, sweep, quiet, nproc, force, 
             raise
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    if not result.metrics:  # nothing to train: its line said so
+        return
     click.echo(printable(f"Trained {out}: {result.best_said()}; checkpoints in {out / 'checkpoints'}"))

@@ -263,11 +263,12 @@ class Trainer(TrainingStep):
 
     def _stopped_at_once(self, stop: StoppedBySignal) -> TrainingInterrupted:
         last = self.run_dir / LAST
-        kept = (
-            f"{last} is as it was last saved; continue with --resume"
-            if last.is_file()
-            else "no checkpoint had been saved yet"
-        )
+        if self.replacement is not None and self.replacement.aside is not None:  # put back on the way out
+            kept = f"the new run had saved no checkpoint, so the previous run in {self.run_dir} is kept"
+        elif last.is_file():
+            kept = f"{last} is as it was last saved; continue with --resume"
+        else:
+            kept = "no checkpoint had been saved yet"
         return TrainingInterrupted(
             f"{signal_name(stop)} received after an earlier stop signal{stopped_while()}: stopped at once in epoch "
             f"{self.epoch + 1}, "

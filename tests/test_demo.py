@@ -107,36 +107,43 @@ def test_a_set_too_small_to_audit_is_refused_before_any_training(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dataset"]
 
 
-def test_a_demo_stopped_after_some_steps_says_which_parts_are_new(tmp_path, monkeypatch, capsys):
-    """Attack round 12: a SIGTERM between the training and the index steps printed "OUT left as it
-    was", though OUT's run was already the new one; the line now names the new and the old parts."""
+def _demo_stopped(monkeypatch, capsys, out: Path, tmp_path: Path, stop: type | None = None, **steps):
+    """The stop (``StoppedBySignal`` unless ``stop`` says which) and the stderr of a demo into ``out``
+    whose steps are replaced by ``steps`` (e.g. ``index=...``; the others do nothing)."""
     from receipt_embed.cli import demo
     from receipt_embed.stops import StoppedBySignal
 
-    def stopped(*args, **kwargs):
-        raise StoppedBySignal(143)
+    for step in ("ingest", "train", "index", "audit"):
+        monkeypatch.setattr(demo, f"_{step}_step", steps.get(step, lambda *args: None))
+    with pytest.raises(stop or StoppedBySignal) as info:
+        demo._run_demo(None, None, out, tmp_path, quiet=True)
+    return info.value, capsys.readouterr().err
 
-    monkeypatch.setattr(demo, "_ingest_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_train_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_index_step", stopped)
-    with pytest.raises(StoppedBySignal) as info:
-        demo._run_demo(None, None, tmp_path / "out", tmp_path, quiet=True)
-    assert info.value.reported
-    assert capsys.readouterr().err == (
+
+def _stopped(*args, **kwargs):
+    from receipt_embed.stops import StoppedBySignal
+
+    raise StoppedBySignal(143)
+
+
+def test_a_demo_stopped_after_some_steps_says_which_parts_are_new(tmp_path, monkeypatch, capsys):
+    """Attack round 12: a SIGTERM between the training and the index steps printed "OUT left as it
+    was", though OUT's run was already the new one; the line now names the new and the old parts."""
+    stop, said = _demo_stopped(monkeypatch, capsys, tmp_path / "out", tmp_path, index=_stopped)
+    assert stop.reported
+    assert said == (
         f"stopped by SIGTERM: the demo in {tmp_path / 'out'} replaced dataset, run; index, audit were not "
         f"made: run it again with `receipt-embed demo --out {tmp_path / 'out'} --force`\n"
     )
-    monkeypatch.setattr(demo, "_ingest_step", stopped)  # before any step ended: the lock's own line says it
-    with pytest.raises(StoppedBySignal) as info:
-        demo._run_demo(None, None, tmp_path / "out", tmp_path, quiet=True)
-    assert not info.value.reported and capsys.readouterr().err == ""
+    # before any step ended: the lock's own line says it
+    stop, said = _demo_stopped(monkeypatch, capsys, tmp_path / "out", tmp_path, ingest=_stopped)
+    assert not stop.reported and said == ""
 
 
 def test_a_demo_stopped_inside_a_step_says_one_line(tmp_path, monkeypatch, capsys):
     """Issue 13 N6: a stop inside the index step printed the index lock's "OUT/index left as it
     was" and then the demo's own line, which says the previous index was removed: two accounts of
     one stop that read as contradicting each other. The demo's line alone tells it now."""
-    from receipt_embed.cli import demo
     from receipt_embed.locking import write_lock
     from receipt_embed.stops import StoppedBySignal
 
@@ -147,12 +154,8 @@ def test_a_demo_stopped_inside_a_step_says_one_line(tmp_path, monkeypatch, capsy
             raise StoppedBySignal(143)
 
     _old_demo_parts(out)
-    for step in ("ingest", "train", "audit"):
-        monkeypatch.setattr(demo, f"_{step}_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_index_step", stopped_while_writing)
-    with pytest.raises(StoppedBySignal):
-        demo._run_demo(None, None, out, tmp_path, quiet=True)
-    assert capsys.readouterr().err == (
+    _, said = _demo_stopped(monkeypatch, capsys, out, tmp_path, index=stopped_while_writing)
+    assert said == (
         f"stopped by SIGTERM: the demo in {out} replaced dataset, run; removed the previous index and audit (built "
         f"from the replaced run): run it again with `receipt-embed demo --out {out} --force`\n"
     )
@@ -182,19 +185,13 @@ def test_a_demo_stopped_in_training_says_truly_what_out_holds(tmp_path, monkeypa
         trained.append(True)
         raise StoppedBySignal(143)
 
-    for step in ("ingest", "index", "audit"):
-        monkeypatch.setattr(demo, f"_{step}_step", lambda *args: None)
-    monkeypatch.setattr(demo, "_train_step", stopped_before_a_checkpoint)
-    with pytest.raises(StopAlreadySaid):
-        demo._run_demo(None, None, out, tmp_path, quiet=True)
-    assert capsys.readouterr().err == (
+    _, said = _demo_stopped(monkeypatch, capsys, out, tmp_path, StopAlreadySaid, train=stopped_before_a_checkpoint)
+    assert said == (
         f"SIGTERM received: stopped; no checkpoint had been saved yet; the demo in {out} replaced dataset; run, "
         f"index, audit are the previous run's: run it again with `receipt-embed demo --out {out} --force`\n"
     )
-    monkeypatch.setattr(demo, "_train_step", stopped_after_training)
-    with pytest.raises(StoppedBySignal):
-        demo._run_demo(None, None, out, tmp_path, quiet=True)
-    assert capsys.readouterr().err == (
+    _, said = _demo_stopped(monkeypatch, capsys, out, tmp_path, train=stopped_after_training)
+    assert said == (
         f"stopped by SIGTERM: the demo in {out} replaced dataset, run; removed the previous index and audit (built "
         f"from the replaced run): run it again with `receipt-embed demo --out {out} --force`\n"
     )

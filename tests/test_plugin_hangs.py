@@ -213,19 +213,25 @@ def test_attack_round_22_mb2_sigterm_stops_training_inside_a_hanging_epoch_hook_
     assert epochs == [1, 2, 3]
 
 
-def test_attack_round_22_mb2_a_second_stop_ends_a_step_that_never_ends(tmp_path, dataset):
+def _two_stops_in_the_stuck_loss(tmp_path: Path, dataset: Path, *args: str, **constants: float) -> tuple[int, str]:
+    """Train into tmp_path/run with a loss that never returns from its third call, then SIGTERM twice:
+    the first is a flag for the end of the step, which never comes; the second stops at once."""
     marker = tmp_path / "stuck"
     folder = _folder(tmp_path / "plugins", {"stuck.py": LOSS_HANGS})
-    run = tmp_path / "run"
-    process = _start(
-        _train_args(dataset, run, folder, "loss.name=stuck", f"loss.params={{marker: '{marker}'}}"),
-        **{"receipt_embed.training.signals.STILL_FINISHING_S": 0.3},
-    )
+    sets = ("loss.name=stuck", f"loss.params={{marker: '{marker}'}}")
+    process = _start([*_train_args(dataset, tmp_path / "run", folder, *sets), *args], **constants)
     _wait_for(marker.exists, process, seconds=240)
-    process.send_signal(signal.SIGTERM)  # a flag for the end of the step, which never comes
+    process.send_signal(signal.SIGTERM)
     time.sleep(1.5)  # past the window in which a second SIGTERM is the same stop delivered twice
     assert process.poll() is None
-    code, stderr = _stop(process)
+    return _stop(process)
+
+
+def test_attack_round_22_mb2_a_second_stop_ends_a_step_that_never_ends(tmp_path, dataset):
+    run = tmp_path / "run"
+    code, stderr = _two_stops_in_the_stuck_loss(
+        tmp_path, dataset, **{"receipt_embed.training.signals.STILL_FINISHING_S": 0.3}
+    )
     assert code == 143, stderr
     assert (
         "SIGTERM received 0.3 s ago and the current step has not ended; send it again (Ctrl-C) to stop at once"
@@ -447,9 +453,8 @@ def test_attack_round_24_p2_a_stop_a_plugin_import_turns_into_an_import_error_st
 
 def test_attack_round_24_p10_a_force_run_stopped_at_once_says_the_previous_run_is_kept(tmp_path, dataset):
     """It said "no checkpoint had been saved yet", true of the new run, while the old run's last.pt was back."""
-    marker = tmp_path / "stuck"
-    folder = _folder(tmp_path / "plugins", {"stuck.py": LOSS_HANGS})
     run = tmp_path / "run"
+    folder = _folder(tmp_path / "plugins", {"stuck.py": LOSS_HANGS})
     first = subprocess.run(
         [sys.executable, "-m", "receipt_embed", *_train_args(dataset, run, folder, "train.epochs=1")],
         env=_env(),
@@ -459,13 +464,7 @@ def test_attack_round_24_p10_a_force_run_stopped_at_once_says_the_previous_run_i
     )
     assert first.returncode == 0, first.stderr
     before = (run / "checkpoints" / "last.pt").read_bytes()
-    process = _start(
-        [*_train_args(dataset, run, folder, "loss.name=stuck", f"loss.params={{marker: '{marker}'}}"), "--force"]
-    )
-    _wait_for(marker.exists, process, seconds=240)
-    process.send_signal(signal.SIGTERM)
-    time.sleep(1.5)  # past the window in which a second SIGTERM is the same stop delivered twice
-    code, stderr = _stop(process)
+    code, stderr = _two_stops_in_the_stuck_loss(tmp_path, dataset, "--force")
     assert code == 143, stderr
     assert f"the new run had saved no checkpoint, so the previous run in {run} is kept" in stderr, stderr
     assert (run / "checkpoints" / "last.pt").read_bytes() == before

@@ -179,15 +179,21 @@ def register_losses(register):
 """
 
 
-def nan_loss_plugins(tmp_path: Path) -> PluginLoader:
-    """The built-ins and ``NAN_PLUGIN`` (loss ``nan_after``) from ``tmp_path/plugins``, loaded."""
+def plugins_with(tmp_path: Path, name: str, text: str) -> PluginLoader:
+    """The built-ins and one plugin file ``tmp_path/plugins/NAME`` holding ``text``, loaded strictly
+    (a plugin that fails to load fails the test instead of being skipped with a warning)."""
     (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "nan_loss.py").write_text(NAN_PLUGIN)
-    loader = PluginLoader()
+    (tmp_path / "plugins" / name).write_text(text)
+    loader = PluginLoader(strict=True)
     loader.load_builtins()
-    loader.load_folder(tmp_path / "plugins")
+    loader.load_folder(tmp_path / "plugins", required=True)
     loader.collect_components()
     return loader
+
+
+def nan_loss_plugins(tmp_path: Path) -> PluginLoader:
+    """The built-ins and ``NAN_PLUGIN`` (loss ``nan_after``) from ``tmp_path/plugins``, loaded."""
+    return plugins_with(tmp_path, "nan_loss.py", NAN_PLUGIN)
 
 
 def test_nan_loss_stops_with_context_and_keeps_last_checkpoint(dataset, tmp_path):
@@ -764,15 +770,9 @@ def test_a_finite_loss_with_non_finite_gradients_skips_the_update(dataset, tmp_p
     """A finite loss whose backward gave NaN gradients wrote NaN into every weight (clipping scales by
     a NaN norm), and the next step's embeddings were NaN: seen now and then under bf16 on CPU. The
     update is now skipped with a warning, and five such steps in a row are a diverged run."""
-    from receipt_embed.plugin_manager import PluginLoader
     from receipt_embed.training.step import MAX_SKIPPED_IN_A_ROW, TrainingDiverged
 
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "nan_gradient.py").write_text(NAN_GRADIENT_LOSS)
-    loader = PluginLoader(strict=True)
-    loader.load_builtins()
-    loader.load_folder(tmp_path / "plugins", required=True)
-    loader.collect_components()
+    loader = plugins_with(tmp_path, "nan_gradient.py", NAN_GRADIENT_LOSS)
     config = load_config(
         overrides=[
             *TINY,
@@ -831,14 +831,7 @@ def test_a_bf16_forward_that_gives_nan_from_finite_weights_reruns_in_fp32(datase
     four for a stride-2 convolution of a 4x2 map (torch 2.14.1), and the run stopped as diverged one
     pytest run in three. Such a step now runs in fp32, with the batch-norm statistics the NaN forward
     wrote put back."""
-    from receipt_embed.plugin_manager import PluginLoader
-
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "flaky_bf16.py").write_text(FLAKY_BF16_ENCODER)
-    loader = PluginLoader(strict=True)
-    loader.load_builtins()
-    loader.load_folder(tmp_path / "plugins", required=True)
-    loader.collect_components()
+    loader = plugins_with(tmp_path, "flaky_bf16.py", FLAKY_BF16_ENCODER)
     config = load_config(overrides=[*TINY, "train.epochs=1", "train.precision=bf16", "model.encoder=flaky_bf16"])
     said = []
     result = train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=said.append)
@@ -1030,12 +1023,7 @@ def test_a_stop_during_evaluation_ends_the_epoch_before_its_hooks(dataset, tmp_p
     import receipt_embed.training.trainer as trainer_module
     from receipt_embed.training.trainer import TrainingInterrupted
 
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "notes.py").write_text(HOOK_NOTES_ITS_CALLS)
-    loader = PluginLoader()
-    loader.load_builtins()
-    loader.load_folder(tmp_path / "plugins")
-    loader.collect_components()
+    loader = plugins_with(tmp_path, "notes.py", HOOK_NOTES_ITS_CALLS)
     real_evaluate = trainer_module.evaluate
 
     def evaluate_then_stop(*args, **kwargs):

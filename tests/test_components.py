@@ -10,7 +10,7 @@ import torch
 import torchvision
 from conftest import builtin_registry
 
-from receipt_embed.data.views import seed_view
+from receipt_embed.data.views import PIXEL_MEAN, PIXEL_STD, seed_view, to_tensor
 
 REGISTRY = builtin_registry()
 
@@ -99,6 +99,22 @@ def test_capture_views_differ_between_draws():
     page[40:260:10, 10:130] = 0
     first, second = (transform(image=page)["image"] for _ in range(2))
     assert not np.array_equal(first, second)
+
+
+@pytest.mark.parametrize("grayscale", [True, False])
+def test_a_view_becomes_the_normalised_tensor_of_its_pixels(grayscale):
+    """The model's input against a float64 reference: ITU-R 601 luma (or the three channels), scaled to
+    [0, 1], then standardised; from a view that is a slice of a larger array too."""
+    image = np.random.default_rng(0).integers(0, 256, (40, 24, 3), dtype=np.uint8)
+    for view in (image, image[::2, 1::2]):
+        pixels = view.astype(np.float64) / 255
+        if grayscale:
+            pixels = (pixels @ np.array([0.299, 0.587, 0.114]))[..., None]
+        expected = (pixels.transpose(2, 0, 1) - PIXEL_MEAN) / PIXEL_STD
+        tensor = to_tensor(view, grayscale)
+        assert tensor.dtype == torch.float32 and tensor.is_contiguous()
+        assert tensor.shape == expected.shape == ((1 if grayscale else 3), *view.shape[:2])
+        np.testing.assert_allclose(tensor.numpy(), expected, rtol=0, atol=2e-6)
 
 
 def test_shrinking_onto_a_background_keeps_the_whole_page_smaller_in_the_frame():

@@ -13,6 +13,7 @@ import operator
 import random
 from collections.abc import Iterator, Mapping
 
+import cv2
 import numpy as np
 import torch
 from albumentations.core.composition import BaseCompose
@@ -52,11 +53,18 @@ def seed_view(transform, seed: int) -> None:
         transform.set_random_seed(seed)
 
 
+# ITU-R 601 luma, as one row of a colour transform
+_LUMA = np.array([[0.299, 0.587, 0.114]], np.float32)
+
+
 def to_tensor(image: np.ndarray, grayscale: bool) -> torch.Tensor:
-    """uint8 H x W x 3 -> float (C, H, W), normalised; grayscale by ITU-R 601 luma."""
-    pixels = torch.from_numpy(np.ascontiguousarray(image)).float().div_(255.0)
+    """uint8 H x W x 3 -> float (C, H, W), normalised; grayscale by ITU-R 601 luma. The luma is
+    OpenCV's per-pixel transform in float: torch's matrix-vector product for it, one small call
+    per view, cost more than the whole augmentation on two threads (its threads' start-up)."""
     if grayscale:
-        pixels = (pixels @ torch.tensor([0.299, 0.587, 0.114])).unsqueeze(-1)
+        luma = cv2.transform(np.asarray(image, np.float32), _LUMA)
+        return torch.from_numpy(luma).div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD).unsqueeze(0)
+    pixels = torch.from_numpy(np.ascontiguousarray(image)).float().div_(255.0)
     return pixels.permute(2, 0, 1).sub_(PIXEL_MEAN).div_(PIXEL_STD).contiguous()
 
 
@@ -201,8 +209,6 @@ def clean_batches(
 ) -> Iterator[torch.Tensor]:
     """Cached captures (N, H', W', 3) resized to the model input, without augmentation, in order;
     batches hold at most MAX_BATCH_PIXELS input pixels, so a large input size embeds a few at a time."""
-    import cv2
-
     height, width = image_size
     batch_size = max(1, min(batch_size, MAX_BATCH_PIXELS // (height * width)))
     for start in range(0, len(images), batch_size):

@@ -667,6 +667,27 @@ def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
         raise ConfigError("; ".join(explained)) from None
 
 
+def _params_follow_the_encoder(layers: list) -> None:
+    """``model.params`` are keyword arguments of ``model.encoder``: where a layer picks another
+    encoder, the first layer's params (the packaged defaults' ``stem`` of receipt_cnn, or a loaded
+    config's) are dropped, so another encoder starts from its own defaults instead of failing on
+    arguments it does not take; params the layers above give still apply."""
+    base = OmegaConf.to_container(layers[0], resolve=False)
+    model = base.get("model") if isinstance(base, dict) else None
+    if not isinstance(model, dict) or not model.get("params"):
+        return
+    if _given_value("model.encoder", layers[1:]) is _MISSING:
+        return
+    try:  # the encoder chosen, interpolations resolved; a config that cannot be merged is _validate's to say
+        chosen = OmegaConf.select(OmegaConf.merge(*layers), "model.encoder")
+    except (OmegaConfBaseException, RecursionError, TypeError):
+        return
+    if chosen == model.get("encoder"):
+        return
+    layers[0] = OmegaConf.merge(layers[0], {})  # a copy: the caller's layer is left as it was
+    layers[0].model.params = {}
+
+
 def config_with(
     config: Config, overrides: Sequence[str] = (), values: dict | None = None, flag: str = "--set"
 ) -> Config:
@@ -678,6 +699,7 @@ def config_with(
     if values:
         layers.append(OmegaConf.create(values))
         sources.append("the command")
+    _params_follow_the_encoder(layers)
     return _validate(layers, sources)
 
 
@@ -695,6 +717,7 @@ def load_config(config_file: str | Path | Sequence[str | Path] | None = None, ov
         sources.append(f"config file {path}")
     layers.extend(_parse_overrides(overrides))
     sources.extend(f"--set '{shortened(item)}'" for item in overrides)
+    _params_follow_the_encoder(layers)
     return _validate(layers, sources)
 
 

@@ -638,3 +638,24 @@ def test_attack_round_24_p6_an_interpolation_nested_thousands_deep_is_a_config_e
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "c.yaml")
     assert str(info.value) == f"config file {tmp_path / 'c.yaml'}: {too_deep}"
+
+
+def test_model_params_follow_the_encoder(tmp_path):
+    """``model.params`` are keyword arguments of ``model.encoder``: picking another encoder drops the
+    ones below (receipt_cnn's ``stem`` would fail resnet18's constructor) and keeps those given with
+    it; changing anything else keeps them."""
+    from receipt_embed.config import config_with
+
+    cnn = load_config(overrides=["model.params={stem: 4, widths: [8, 8]}"])
+    assert config_with(cnn, ["model.encoder=resnet18"]).model.params == {}
+    assert config_with(cnn, ["train.lr=0.1"]).model.params == {"stem": 4, "widths": [8, 8]}
+    assert config_with(cnn, ["model.encoder=receipt_cnn"]).model.params == {"stem": 4, "widths": [8, 8]}
+    given = config_with(cnn, ["model.encoder=resnet18", "model.params={weights_dir: x}"])
+    assert given.model.params == {"weights_dir": "x"}
+    # a file below the overrides: its params are given above the packaged defaults, so they stay
+    (tmp_path / "c.yaml").write_text("model:\n  params: {stem: 4}\n")
+    assert load_config(tmp_path / "c.yaml", ["model.encoder=resnet18"]).model.params == {"stem": 4}
+    # the encoder named through an interpolation is compared once resolved
+    resolved = config_with(cnn, ["model.encoder=${oc.env:RECEIPT_EMBED_TEST_ENCODER,receipt_cnn}"])
+    assert resolved.model.params == {"stem": 4, "widths": [8, 8]}
+    assert cnn.model.params == {"stem": 4, "widths": [8, 8]}  # the loaded config is left as it was

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import typing
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from importlib.resources import files
@@ -490,14 +491,17 @@ def _has_merge_key(node) -> bool:
     return False
 
 
-def _drops_a_comment(text: str, value) -> bool:
+def _drops_a_comment(text: str) -> bool:
     """Whether YAML reads part of an override's value as a comment (`` #`` and after), which a
-    config file may have but a ``--set`` value written on one line almost never means."""
-    scalars = [str(node.value) for node in _scalars(value)]
-    for found in re.finditer(r"(?:^|\s)(#[^\s'\"]*)", text):  # each place a comment could start
-        if not any(found.group(1) in scalar for scalar in scalars):  # its text is in no value: dropped
-            return True
-    return False
+    config file may have but a ``--set`` value written on one line almost never means. A comment
+    is whatever holds a ``#`` between two of YAML's tokens (a ``#`` inside a value is in a token);
+    a tab reads as a space here, as the config library's own parser reads ``3<TAB>#x``."""
+    spaced = text.replace("\t", " ")
+    try:
+        tokens = list(yaml.scan(spaced, Loader=_ConfigLoader))
+    except yaml.YAMLError:  # not YAML: the config library's own parser says what is wrong
+        return False
+    return any("#" in spaced[a.end_mark.index : b.start_mark.index] for a, b in zip(tokens, tokens[1:]))
 
 
 def key_levels(key: str) -> int:
@@ -531,7 +535,7 @@ def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
             )
         if value is not None and _has_merge_key(value):
             raise ConfigError(f"{where}: '<<' is YAML's merge key; a config writes its keys out: give them one by one")
-        if value is not None and _drops_a_comment(item.split("=", 1)[1], value):
+        if _drops_a_comment(item.split("=", 1)[1]):
             raise ConfigError(
                 f"{where}: YAML reads the text from ' #' on as a comment and would drop it; quote the value "
                 "if the # belongs to it, or leave the comment out"
@@ -656,15 +660,62 @@ def _validate(layers: list, sources: Sequence[str] = ()) -> Config:
     except ValidationError as exc:
         explained = []
         for error in exc.errors():
-            line = _explain(error) + _text_not_a_number(error, layers)
-            key = ".".join(str(part) for part in error["loc"])
+            field = _list_field_of_wrong_length(error)
+            if field:
+                key = ".".join(field)
+                line = _wrong_length(key, merged)
+            else:
+                line = _explain(error) + _text_not_a_number(error, layers)
+                key = ".".join(str(part) for part in error["loc"])
             source = _source_of(key, layers, sources) if len(sources) == len(layers) else None
             if source and source.startswith("config file"):  # which file to fix (a --set names itself)
                 line = line.replace(
                     f"config key '{shortened(key)}'", f"config key '{shortened(key)}' (from {source})", 1
                 )
-            explained.append(line)
+            if line not in explained:  # [] is missing both of image_size's numbers: said once
+                explained.append(line)
         raise ConfigError("; ".join(explained)) from None
+
+
+# what each value of a fixed-length list setting is, for the message when one has too few or too many
+_LIST_MEANINGS = {
+    "data.image_size": "height, width",
+    "ingest.split_ratios": "train, val, heldout",
+    "model.grid": "rows, columns",
+}
+_COUNT_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
+
+
+def _list_field_of_wrong_length(error: dict) -> tuple[str, ...] | None:
+    """The key path of a fixed-length list setting (``data.image_size``) when ``error`` says it has
+    too few items, too many or is no list; None for any other error. Pydantic names a missing item
+    by its index (``data.image_size.1``), which reads as a key the user should add."""
+    loc = error["loc"]
+    if error["type"] == "missing" and loc and isinstance(loc[-1], int):
+        loc = loc[:-1]
+    elif error["type"] not in ("too_long", "tuple_type"):
+        return None
+    model = Config
+    for part in loc[:-1]:
+        annotation = model.model_fields.get(part).annotation if isinstance(part, str) else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    field = model.model_fields.get(loc[-1]) if loc and isinstance(loc[-1], str) else None
+    if field is None or typing.get_origin(field.annotation) is not tuple:
+        return None
+    return tuple(loc)
+
+
+def _wrong_length(key: str, merged) -> str:
+    """``config key 'data.image_size': two numbers (height, width), got [64]``."""
+    model, value = Config, merged
+    for part in key.split("."):
+        model = model.model_fields[part].annotation
+        value = value.get(part) if isinstance(value, dict) else None
+    count = len(typing.get_args(model))
+    meaning = f" ({_LIST_MEANINGS[key]})" if key in _LIST_MEANINGS else ""
+    return f"config key '{key}': {_COUNT_WORDS.get(count, count)} numbers{meaning}, got {shortened(repr(value))}"
 
 
 def _params_follow_the_encoder(layers: list) -> None:

@@ -84,6 +84,36 @@ def plugin_code(name: str, doing: str) -> Iterator[None]:
         notice.cancel()
 
 
+@contextmanager
+def forks_end_here() -> Iterator[None]:
+    """Around a plugin component's code (a forward, a loss, a view): a child process it forks exits
+    when it leaves the block, however it leaves, as one forked in a hook does."""
+    pid = os.getpid()
+    try:
+        yield
+    except BaseException as exc:
+        _end_a_forked_child(pid, exc.code if isinstance(exc, SystemExit) else 1)
+        raise
+    _end_a_forked_child(pid, 0)
+
+
+def forks_end_after_each_forward(module) -> None:
+    """A third-party torch module's forward that forks: the child exits as the forward returns (or
+    raises), before receipt-embed's own code after it runs (a projection head's matrix multiply
+    deadlocks in a forked child: torch's thread pool does not survive a fork)."""
+    started: list[int] = []
+
+    def before(_module, _inputs) -> None:
+        started.append(os.getpid())
+
+    def after(_module, _inputs, _output) -> None:
+        if started:
+            _end_a_forked_child(started.pop(), 0)
+
+    module.register_forward_pre_hook(before)
+    module.register_forward_hook(after, always_call=True)
+
+
 def _end_a_forked_child(pid: int, code) -> None:
     """A child process the plugin forked never returns into the command (it would go on as a second
     trainer or writer in the same dir): leaving the plugin's code, however it leaves, it exits."""

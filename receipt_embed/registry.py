@@ -21,6 +21,7 @@ from typing import Any
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput, ComponentError
 from receipt_embed.kinds import KINDS as COMPONENT_KINDS
+from receipt_embed.plugin_watch import forks_end_here
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # receipt-embed's own code, told apart from a plugin's
 
@@ -53,7 +54,8 @@ def plugin_errors(registry: Registry, kind: str, name: str, doing: str, exits_on
         yield
         return
     try:
-        yield
+        with forks_end_here():
+            yield
     except ComponentError:
         raise
     except BaseException as exc:
@@ -218,7 +220,8 @@ class Registry:
         if wrong:
             raise ComponentError(f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}): {wrong}")
         try:
-            return component.factory(**params)
+            with forks_end_here():
+                return component.factory(**params)
         except TypeError as exc:
             raise ComponentError(
                 f"{kind} {quoted(name)} (from plugin {quoted(component.plugin)}): {exc}"

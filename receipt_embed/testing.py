@@ -78,9 +78,9 @@ def check_loss(loss, *, identities: int = 8, dim: int = 16, label_aware: bool = 
         )
 
 
-def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch: int = 2) -> None:
+def check_encoder(encoder, *, image_size=(256, 128), in_channels: int = 1, batch: int = 2) -> None:
     """Images (N, C, H, W) -> finite features (N, encoder.feature_dim). Pass your
-    ``data.image_size`` (default: the default config's 128 x 64) and ``in_channels`` (1 for
+    ``data.image_size`` (default: the default config's 256 x 128) and ``in_channels`` (1 for
     grayscale, the default config; 3 for colour)."""
     import torch
 
@@ -95,7 +95,7 @@ def check_encoder(encoder, *, image_size=(128, 64), in_channels: int = 1, batch:
     assert torch.isfinite(out).all(), "the encoder returned non-finite features"
 
 
-def check_augmentation(transform, *, image_size=(128, 64), source_size=(180, 100), seed: int = 0) -> None:
+def check_augmentation(transform, *, image_size=(256, 128), source_size=(180, 100), seed: int = 0) -> None:
     """uint8 H x W x 3 in, uint8 image_size x 3 out; the same seed gives the same view."""
     _meets_its_kind("augmentation", transform)
     rng = np.random.default_rng(seed)

@@ -508,7 +508,7 @@ def test_a_number_in_exponent_form_is_a_number_in_files_and_overrides(tmp_path):
     overrides = ["ingest.max_pixels=1e8", "data.image_size=[1.28e2,6.4e+1]", "train.batch_size=1_0e1"]
     config = load_config(overrides=overrides)
     assert (config.ingest.max_pixels, config.data.image_size, config.train.batch_size) == (100_000_000, (128, 64), 100)
-    assert load_config(overrides=["model.params={scale: 1e3, eps: 1e-3}"]).model.params == {"scale": 1000, "eps": 0.001}
+    assert load_config(overrides=["loss.params={scale: 1e3, eps: 1e-3}"]).loss.params == {"scale": 1000, "eps": 0.001}
 
 
 @pytest.mark.parametrize(
@@ -585,7 +585,7 @@ def test_attack_round_22_mb7_mb14_mb15_long_values_comments_and_overlong_digits_
             f"--set '{override}': YAML reads the text from ' #' on as a comment and would drop it; quote the "
             "value if the # belongs to it, or leave the comment out"
         )
-    assert load_config(overrides=["model.params={a: 'x #y', b: x#y}"]).model.params == {"a": "x #y", "b": "x#y"}
+    assert load_config(overrides=["loss.params={a: 'x #y', b: x#y}"]).loss.params == {"a": "x #y", "b": "x#y"}
     huge = "1" + "0" * 400 + ".0"
     with pytest.raises(ConfigError) as info:
         load_config(overrides=[f"train.lr={huge}"])
@@ -605,17 +605,25 @@ def test_attack_round_22_mb11_yaml_merge_keys_are_named_as_such(tmp_path):
         f"config file {tmp_path / 'c.yaml'}, line 2: key '<<' is YAML's merge key (it copies the keys of another "
         "mapping in); a config writes its keys out: give them one by one"
     )
-    with pytest.raises(ConfigError, match=r"^--set 'model.params=\{<<: \{a: 1\}\}': '<<' is YAML's merge key"):
-        load_config(overrides=["model.params={<<: {a: 1}}"])
-    assert load_config(overrides=["model.params={'<<': 1}"]).model.params == {"<<": 1}, "a quoted key is a name"
+    with pytest.raises(ConfigError, match=r"^--set 'loss.params=\{<<: \{a: 1\}\}': '<<' is YAML's merge key"):
+        load_config(overrides=["loss.params={<<: {a: 1}}"])
+    assert load_config(overrides=["loss.params={'<<': 1}"]).loss.params == {"<<": 1}, "a quoted key is a name"
 
 
 @pytest.mark.parametrize(
     "override",
-    ["model.pretrained=a#b #comment", "sampler.params={column: 'm#1'} #note", "train.epochs=3 #x"],
+    [
+        "model.pretrained=a#b #comment",
+        "sampler.params={column: 'm#1'} #note",
+        "train.epochs=3 #x",
+        "train.epochs=3\t#x",
+        'model.params={"x": "a # b"} # c',
+        "model.params={x: 'a #b'} #b",
+    ],
 )
 def test_attack_round_24_p7_a_comment_is_refused_even_when_a_value_holds_a_hash(override):
-    """A `#` inside one value let a trailing comment elsewhere in the same --set through, silently dropped."""
+    """A `#` inside one value let a trailing comment elsewhere in the same --set through, silently
+    dropped; so did one after a tab, or one whose first word also occurs inside a value (round 25 F2)."""
     with pytest.raises(ConfigError, match="YAML reads the text from ' #' on as a comment and would drop it"):
         load_config(overrides=[override])
 
@@ -623,6 +631,7 @@ def test_attack_round_24_p7_a_comment_is_refused_even_when_a_value_holds_a_hash(
 def test_attack_round_24_p7_a_hash_inside_a_value_is_kept():
     assert load_config(overrides=["model.pretrained=a#b"]).model.pretrained == "a#b"
     assert load_config(overrides=["model.pretrained='x #y'"]).model.pretrained == "x #y"
+    assert load_config(overrides=['loss.params={"x": "a # b", y: "\t#z"}']).loss.params == {"x": "a # b", "y": "\t#z"}
 
 
 def test_attack_round_24_p6_an_interpolation_nested_thousands_deep_is_a_config_error(tmp_path):
@@ -659,3 +668,34 @@ def test_model_params_follow_the_encoder(tmp_path):
     resolved = config_with(cnn, ["model.encoder=${oc.env:RECEIPT_EMBED_TEST_ENCODER,receipt_cnn}"])
     assert resolved.model.params == {"stem": 4, "widths": [8, 8]}
     assert cnn.model.params == {"stem": 4, "widths": [8, 8]}  # the loaded config is left as it was
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("data.image_size=[64]", "config key 'data.image_size': two numbers (height, width), got [64]"),
+        ("data.image_size=[]", "config key 'data.image_size': two numbers (height, width), got []"),
+        ("data.image_size=[64,32,3]", "config key 'data.image_size': two numbers (height, width), got [64, 32, 3]"),
+        ("data.image_size=64", "config key 'data.image_size': two numbers (height, width), got 64"),
+        (
+            "ingest.split_ratios=[0.5,0.5]",
+            "config key 'ingest.split_ratios': three numbers (train, val, heldout), got [0.5, 0.5]",
+        ),
+        ("model.grid=[2]", "config key 'model.grid': two numbers (rows, columns), got [2]"),
+    ],
+)
+def test_attack_round_25_f3_a_list_of_the_wrong_length_says_what_it_holds(override, expected):
+    """A short list was reported as a missing key named by its index ('data.image_size.1'), which
+    reads as a key the user should add."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert str(info.value) == expected
+
+
+def test_attack_round_25_f3_a_config_file_with_a_short_list_is_named(tmp_path):
+    (tmp_path / "c.yaml").write_text("data:\n  image_size: [64]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert str(info.value).startswith(
+        f"config key 'data.image_size' (from config file {tmp_path / 'c.yaml'}): two numbers (height, width), got [64]"
+    )

@@ -37,7 +37,7 @@ def test_encoders_keep_the_contract(name):
 @pytest.mark.parametrize("name", _names("augmentation"))
 def test_augmentations_keep_the_contract(name):
     check_augmentation(REGISTRY.create("augmentation", name, image_size=(64, 32)), image_size=(64, 32))
-    check_augmentation(REGISTRY.create("augmentation", name, image_size=(128, 64)))  # the default size
+    check_augmentation(REGISTRY.create("augmentation", name, image_size=(256, 128)))  # the default size
 
 
 @pytest.mark.parametrize("name", _names("sampler"))

@@ -520,3 +520,18 @@ def test_attack_round_20_k1_blank_captures_are_rejected_but_faint_ones_kept(tmp_
     assert details["nearly.png"].endswith("all pixels are one colour (within 2 levels): no receipt to embed (2x1, RGB)")
     report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
     assert report["rejected_by_reason"] == {"blank": 6}
+
+
+def test_attack_round_25_m4_a_split_asked_empty_is_not_warned_about(tmp_path):
+    """A val ratio of 0 on purpose was warned about as "too few receipts for the split ratios?"."""
+    for seed in range(6):
+        (tmp_path / f"{seed}.jpg").write_bytes(_jpeg(seed))
+    manifest = _write_csv(tmp_path, [f"{seed}.jpg,r{seed // 2},d" for seed in range(6)])
+    asked_empty = ingest(manifest, tmp_path / "a", load_config(overrides=["ingest.split_ratios=[0.5,0,0.5]"]).ingest)
+    assert asked_empty.report["per_split"]["val"]["identities"] == 0
+    assert not [w for w in asked_empty.warnings() if "split" in w], asked_empty.warnings()
+    too_few = ingest(manifest, tmp_path / "b", load_config(overrides=["ingest.split_ratios=[0.9,0.05,0.05]"]).ingest)
+    empty = [split for split, counts in too_few.report["per_split"].items() if counts["identities"] == 0]
+    assert empty and too_few.warnings()[: len(empty)] == [
+        f"the {split} split has no identities (too few receipts for the split ratios?)" for split in empty
+    ]

@@ -102,8 +102,8 @@ def test_an_encoder_over_the_weight_limit_is_refused_before_it_is_built(monkeypa
     with pytest.raises(ComponentError) as caught:
         build.build_model(_config("model.params={widths: [512, 512]}"), builtin_registry())
     assert str(caught.value) == (
-        "encoder 'receipt_cnn' (from plugin 'builtin.encoders') would have 4,729,347 weights with model.params "
-        "{'widths': [512, 512]}, over the limit of 1,000,000 (2 GiB of float32): ask for a smaller encoder in "
+        "encoder 'receipt_cnn' (from plugin 'builtin.encoders') would have 4,732,931 weights with model.params "
+        "{'stem': 4, 'widths': [512, 512]}, over the limit of 1,000,000 (2 GiB of float32): ask for a smaller encoder in "
         "model.params"
     )
     assert built == ["meta"]  # never on the CPU
@@ -161,5 +161,5 @@ def test_the_meta_build_leaves_the_random_state_as_it_was():
     torch.manual_seed(3)
     model = build_model(_config(), builtin_registry())
     torch.manual_seed(3)
-    alone = ReceiptCNN(in_channels=1, grid=tuple(_config().model.grid))
+    alone = ReceiptCNN(in_channels=1, grid=tuple(_config().model.grid), **_config().model.params)
     assert torch.equal(model.encoder.trunk[0][0].weight, alone.trunk[0][0].weight)

@@ -467,4 +467,98 @@ def test_attack_round_24_p10_a_force_run_stopped_at_once_says_the_previous_run_i
     code, stderr = _two_stops_in_the_stuck_loss(tmp_path, dataset, "--force")
     assert code == 143, stderr
     assert f"the new run had saved no checkpoint, so the previous run in {run} is kept" in stderr, stderr
+    assert "the previous run in" not in stderr.replace(
+        f"the new run had saved no checkpoint, so the previous run in {run} is kept", "", 1
+    ), f"said once (attack round 25 M1): {stderr}"
     assert (run / "checkpoints" / "last.pt").read_bytes() == before
+
+
+ENCODER_FORKS = """
+import os
+from receipt_embed.hookspecs import hookimpl
+from receipt_embed.models.receipt_cnn import ReceiptCNN
+
+
+class Forks(ReceiptCNN):
+    forked = False
+
+    def forward(self, images):
+        features = super().forward(images)  # before the fork: torch's threads do not survive one
+        if self.training and not Forks.forked:
+            Forks.forked = True
+            os.fork()  # a background job that forgets to end its child
+        return features
+
+
+@hookimpl
+def register_encoders(register):
+    register("forks", lambda **params: Forks(**params))
+"""
+
+
+def test_attack_round_25_f1_a_child_a_component_forks_exits_when_it_leaves_the_component(tmp_path, dataset):
+    """An encoder whose forward forked made a second trainer in the run dir: every epoch twice in
+    metrics.jsonl and a lock error. The child now exits on leaving the component's code, as one
+    forked in a hook does."""
+    folder = _folder(tmp_path / "plugins", {"forks.py": ENCODER_FORKS})
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "receipt_embed",
+            *_train_args(dataset, run, folder, "train.epochs=2", "model.encoder=forks"),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and "lock" not in result.stderr, result.stderr
+    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+ENCODER_STUCK_IN_EVALUATION = """
+import os
+import time
+
+import torch
+
+from receipt_embed.hookspecs import hookimpl
+from receipt_embed.models.receipt_cnn import ReceiptCNN
+
+
+class StuckInEvaluation(ReceiptCNN):
+    def forward(self, images):
+        if self.training and not torch.is_grad_enabled():  # BatchNorm recalibration before evaluating
+            open(os.environ["STUCK_MARKER"], "w").close()
+            while True:
+                time.sleep(0.05)
+        return super().forward(images)
+
+
+@hookimpl
+def register_encoders(register):
+    register("stuck_in_evaluation", lambda **params: StuckInEvaluation(**params))
+"""
+
+
+def test_attack_round_25_m2_a_second_stop_during_evaluation_says_it_did_not_wait_for_the_evaluation(
+    tmp_path, dataset, monkeypatch
+):
+    """A second stop while epoch 1 was being evaluated said it had not waited "for the step to end"."""
+    marker = tmp_path / "stuck"
+    monkeypatch.setenv("STUCK_MARKER", str(marker))
+    folder = _folder(tmp_path / "plugins", {"stuck.py": ENCODER_STUCK_IN_EVALUATION})
+    process = _start(_train_args(dataset, tmp_path / "run", folder, "model.encoder=stuck_in_evaluation"))
+    _wait_for(marker.exists, process, seconds=240)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(1.5)  # past the window in which a second SIGTERM is the same stop delivered twice
+    assert process.poll() is None
+    code, stderr = _stop(process)
+    assert code == 143, stderr
+    assert (
+        "SIGTERM received after an earlier stop signal while evaluating in encoder 'stuck_in_evaluation' (plugin "
+        "'stuck'): stopped at once in epoch 1, without waiting for the evaluation to end; no checkpoint had been "
+        "saved yet"
+    ) in stderr, stderr

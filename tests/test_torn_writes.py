@@ -54,12 +54,34 @@ def test_complete_metrics_lines_past_the_checkpoint_are_dropped_with_a_warning(t
     for epoch in (1, 2, 7):
         append_line(metrics, json.dumps({"epoch": epoch}))
     with pytest.warns(UserWarning) as caught:
-        drop_unconfirmed_metrics(tmp_path, 1)
+        assert drop_unconfirmed_metrics(tmp_path, 1) == [{"epoch": 1}]
     assert [str(w.message) for w in caught] == [
         f"dropped 2 metrics line(s) past the checkpoint's epoch 1 from {metrics} (no checkpoint holds their "
         "epochs; they are trained again)"
     ]
-    assert read_jsonl(metrics) == [{"epoch": 1}]
+    assert read_jsonl(metrics) == [{"epoch": 1}, {"epoch": 2}, {"epoch": 7}], "written by the resumed run's epoch"
+
+
+def test_attack_round_25_m3_a_refused_resume_leaves_the_metrics_as_they_were(tmp_path, trained):
+    """A --resume refused after its torn metrics line was dropped had already rewritten the file, and
+    said nothing of what to do; a resume stopped before its first epoch ended did the same."""
+    dataset = trained[0]
+    run = tmp_path / "run"
+    shutil.copytree(trained[1], run)
+    metrics = run / "metrics.jsonl"
+    metrics.write_bytes(metrics.read_bytes()[:-9])  # epoch 1's own line torn, yet last.pt holds epoch 1
+    before = metrics.read_bytes()
+    result = run_cli(
+        "train", "--data", dataset, "--out", run, "-q", "--resume", *sum((["--set", s] for s in TINY_TRAINING), [])
+    )
+    assert result.returncode == 2
+    assert f"{metrics}, line 1: dropped a torn last line" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"Error: {run / 'checkpoints' / 'last.pt'}: epoch is 1, but {metrics} records epochs up to 0 (its torn last "
+        "line dropped); the checkpoint does not belong to this run's log: train afresh with --force, or into "
+        "another --out"
+    )
+    assert metrics.read_bytes() == before
 
 
 def test_the_tolerant_reader_drops_only_a_torn_tail(tmp_path):

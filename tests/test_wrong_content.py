@@ -369,15 +369,20 @@ def test_a_checkpoint_asking_for_a_wider_encoder_than_its_weights_is_refused_bef
     best = trained / "run" / "checkpoints" / "best.pt"
     small = _tampered_checkpoint(best, tmp_path / "small.pt", _reshape_first)
     wide = _tampered_checkpoint(
-        best, tmp_path / "wide.pt", lambda s: s["config"]["model"].update(params={"widths": [4096, 4096]})
+        best,
+        tmp_path / "wide.pt",
+        lambda s: s["config"]["model"].update(params={**s["config"]["model"]["params"], "widths": [4096, 4096]}),
     )
+    state = torch.load(best, weights_only=True)
+    first = _first_weight(state)
+    shape = ",".join(map(str, state["model"][first].shape))  # (32, 1, stem, stem): the first stage's
+    wider = ",".join(map(str, (4096, *state["model"][first].shape[1:])))
     data = ("--data", trained / "dataset", "-q")
     code, _, baseline = _peak_memory_kb("index", "--checkpoint", small, "--out", tmp_path / "ix1", *data)
     assert code == 2
     code, stderr, peak = _peak_memory_kb("index", "--checkpoint", wide, "--out", tmp_path / "ix2", *data)
     assert code == 2 and stderr.strip().splitlines() == [
-        f"Error: {wide}: model.{_first_weight(torch.load(best, weights_only=True))} has shape (32,1,3,3), "
-        "the architecture needs (4096,1,3,3)"
+        f"Error: {wide}: model.{first} has shape ({shape}), the architecture needs ({wider})"
     ], stderr
     assert peak < baseline + 400 * 1024, (peak, baseline)  # the real model would be 1.2 GB more
     assert not (tmp_path / "ix2").exists()

@@ -14,6 +14,7 @@ from receipt_embed.config import Config
 from receipt_embed.display import shortened
 from receipt_embed.kinds import KINDS
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
+from receipt_embed.plugin_watch import forks_end_after_each_forward
 from receipt_embed.registry import ComponentError, plugin_errors
 
 MAX_HEAD_PARAMETERS = 2**28  # about 1 GiB of float32: far beyond any receipt model, within this machine
@@ -52,6 +53,8 @@ def _build_encoder(config: Config, registry, from_checkpoint: bool) -> torch.nn.
             f"{type(encoder).__name__} that is not a torch.nn.Module with an integer feature_dim "
             "(see docs/plugins.md)"
         )
+    if not plugin.startswith("builtin."):
+        forks_end_after_each_forward(encoder)
     return encoder
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from receipt_embed.fileio import atomic_write_jsonl, read_jsonl_tail_tolerant
+from receipt_embed.fileio import read_jsonl_tail_tolerant
 from receipt_embed.training.checkpoint import CheckpointError, check_resumable, load_weights
 from receipt_embed.training.rundir import METRICS_FILE
 
@@ -65,23 +65,27 @@ def restore_state(trainer, state: dict, path: Path) -> None:
             f"{path}: torch_rng is not a torch RNG state: {str(exc).strip().splitlines()[0]}"
         ) from None
     if trainer.ctx.is_main:  # rank 0 alone reads and writes the run's files
-        drop_unconfirmed_metrics(trainer.run_dir, trainer.epoch)
+        trainer.confirmed_metrics = drop_unconfirmed_metrics(trainer.run_dir, trainer.epoch)
 
 
-def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> None:
-    """Metrics of epochs after the checkpoint were never confirmed (nor a torn last line): drop them."""
+def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> list[dict] | None:
+    """Metrics of epochs after the checkpoint were never confirmed (nor a torn last line): the rows
+    to keep when some are dropped, else None. The trainer writes them with the resumed run's first
+    epoch line, so a resume refused or stopped before then leaves the file as it found it."""
     metrics = Path(run_dir) / METRICS_FILE
     if not metrics.exists():
-        return
+        return None
     rows, torn = read_jsonl_tail_tolerant(metrics)
     bad = [n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or type(m.get("epoch")) is not int]
     if bad:
         raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
     logged = max((m["epoch"] for m in rows), default=0)
     if epoch > logged:  # last.pt is saved after its epoch's line: a checkpoint ahead of the log is not this run's
+        torn_line = " (its torn last line dropped)" if torn else ""
         raise CheckpointError(
             f"{Path(run_dir) / 'checkpoints' / 'last.pt'}: epoch is {epoch}, but {metrics} records epochs up to "
-            f"{logged}; the checkpoint does not belong to this run's log"
+            f"{logged}{torn_line}; the checkpoint does not belong to this run's log: train afresh with --force, "
+            "or into another --out"
         )
     kept = [m for m in rows if m["epoch"] <= epoch]
     if len(kept) < len(rows):  # a crash after an epoch's line, before its checkpoint: said, as a torn line is
@@ -89,5 +93,4 @@ def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> None:
             f"dropped {len(rows) - len(kept)} metrics line(s) past the checkpoint's epoch {epoch} from {metrics} "
             "(no checkpoint holds their epochs; they are trained again)"
         )
-    if torn or len(kept) < len(rows):
-        atomic_write_jsonl(metrics, kept)
+    return kept if torn or len(kept) < len(rows) else None

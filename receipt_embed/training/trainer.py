@@ -31,7 +31,7 @@ from receipt_embed.data.dataset_dir import Captures, cache_captures, load_datase
 from receipt_embed.distributed import RankBatches, agree_after_step, any_rank, init_from_env
 from receipt_embed.errors import BadInput
 from receipt_embed.evaluation.validation import evaluate, recalibrate_batchnorm
-from receipt_embed.fileio import append_line, atomic_write_json
+from receipt_embed.fileio import append_line, atomic_write_json, atomic_write_jsonl
 from receipt_embed.locking import check_still_held
 from receipt_embed.registry import plugin_errors
 from receipt_embed.stops import (
@@ -109,6 +109,9 @@ class Trainer(TrainingStep):
         self.config_dict = config.model_dump(mode="json")
         self.state = open_run(self.run_dir, resume, force, self.ctx.world_size, self.config_dict)
         self.force, self.replacement = force and not resume, None
+        self.waiting_for = "the step to end"  # what a second stop signal cuts short: said in its line
+        self.said_kept = False  # whether a line already said a --force run kept the previous run
+        self.confirmed_metrics: list[dict] | None = None  # a resumed run's metrics, rewritten at its first epoch
         torch.manual_seed(config.train.seed)
         if config.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -217,7 +220,7 @@ class Trainer(TrainingStep):
         try:
             return self._run()
         except BaseException:
-            if self.replacement is not None and self.replacement.failed():
+            if self.replacement is not None and self.replacement.failed() and not self.said_kept:
                 self.log(f"the new run stopped before its first checkpoint: the previous run in {self.run_dir} is kept")
             raise
 
@@ -265,6 +268,7 @@ class Trainer(TrainingStep):
         last = self.run_dir / LAST
         if self.replacement is not None and self.replacement.aside is not None:  # put back on the way out
             kept = f"the new run had saved no checkpoint, so the previous run in {self.run_dir} is kept"
+            self.said_kept = True  # the stop's own line says it: run() does not say it again
         elif last.is_file():
             kept = f"{last} is as it was last saved; continue with --resume"
         else:
@@ -272,8 +276,7 @@ class Trainer(TrainingStep):
         return TrainingInterrupted(
             f"{signal_name(stop)} received after an earlier stop signal{stopped_while()}: stopped at once in epoch "
             f"{self.epoch + 1}, "
-            "without waiting for "
-            f"the step to end; {kept}",
+            f"without waiting for {self.waiting_for}; {kept}",
             signal_name(stop),
         )
 
@@ -324,6 +327,12 @@ class Trainer(TrainingStep):
 
     def _end_epoch(self) -> dict:
         """Evaluate, log the epoch's line, save last.pt (and best.pt), call the epoch hooks."""
+        self.waiting_for = "the evaluation to end"  # what a second stop signal cuts short, while it runs
+        line = self._evaluate_and_save()
+        self.waiting_for = "the step to end"
+        return line
+
+    def _evaluate_and_save(self) -> dict:
         line = self._epoch_line()
         self._check_weights()  # on every rank: their weights are the same
         if not self.ctx.is_main:  # rank 0 evaluates and writes; its BN statistics reach the others via DDP
@@ -334,6 +343,9 @@ class Trainer(TrainingStep):
                 recalibrate_batchnorm(self.model, self.train_cache, self.config, self.config.train.bn_recalibrate)
                 line["val"] = evaluate(self.model, self.val_set, self.val_cache, self.config)
         check_still_held(self.run_dir)  # never two writers in one run dir, even if its lock file was deleted
+        if self.confirmed_metrics is not None:  # lines --resume dropped: gone only once the run goes on
+            atomic_write_jsonl(self.run_dir / METRICS_FILE, self.confirmed_metrics)
+            self.confirmed_metrics = None
         append_line(self.run_dir / METRICS_FILE, json.dumps(line))  # one write + fsync: a crash tears at most this line
         self._next_epoch()
         self._save_checkpoints(line)

@@ -19,7 +19,9 @@ same-merchant sibling outranks every true capture, the share of top-1 misses tha
 siblings, and with ``--distractors`` recall@1 with every capture of that other set added to
 the gallery (never as a query). Rows: raw pixels (48 x 24 grayscale, standardised), a
 perceptual hash (imagehash's pHash, when installed: see benchmarks/README.md), each recipe's
-encoder untrained, then trained per seed (wall seconds and training views/s).
+encoder untrained (or as loaded, "before training", when the recipe sets ``model.pretrained``:
+the zero-shot figures of a starting model), then trained per seed (wall seconds and training
+views/s).
 
 A recipe is a name and config overrides (``--set`` ones apply to every recipe); ``defaults``
 with none is what `receipt-embed train` does with no options. Each is embedded with the features `receipt-embed index` uses
@@ -37,10 +39,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from receipt_embed.config import load_config
+from receipt_embed.config import cache_size, load_config
+from receipt_embed.data.cache import ImageCache
 from receipt_embed.data.dataset_dir import load_dataset_dir, select_split
-from receipt_embed.embedding import LoadedModel, embed_paths, load_model
+from receipt_embed.data.views import clean_batches
+from receipt_embed.embedding import LoadedModel, load_model
 from receipt_embed.evaluation.breakdown import cross_device_recall_at_1, recall_at_1_of, sibling_figures
 from receipt_embed.evaluation.retrieval import retrieval_metrics
 from receipt_embed.evaluation.shortcuts import attribute_lift
@@ -160,9 +165,32 @@ def _train_recipe(name: str, overrides: list[str], seed: int, out: Path, registr
     return load_model(run / "checkpoints" / "best.pt", registry), facts
 
 
-def _untrained(overrides: list[str], registry) -> LoadedModel:
-    import torch
+_DECODED: dict = {}
 
+
+def _decoded(paths: list[str], config) -> np.ndarray:
+    """The captures decoded (and page-cropped) once per data setting: every recipe with the same
+    ``data`` section embeds the same pixels, as ``embed_paths`` would decode them."""
+    size = cache_size(tuple(config.data.image_size), config.train.cache_margin)
+    key = (size, config.data.page_crop, len(paths))
+    if key not in _DECODED:
+        _DECODED[key] = ImageCache(paths, size, crop_page=config.data.page_crop).images
+    return _DECODED[key]
+
+
+@torch.no_grad()
+def embed_both(loaded: LoadedModel, paths: list[str]) -> dict[str, np.ndarray]:
+    """Backbone and head embeddings of ``paths`` in one pass, from pixels decoded once."""
+    config, out = loaded.config, {features: [] for features in FEATURES}
+    loaded.model.eval()
+    for images in clean_batches(_decoded(paths, config), tuple(config.data.image_size), config.data.grayscale, 128):
+        backbone, head = loaded.model(images)
+        out["backbone"].append(backbone.float().numpy())
+        out["head"].append(head.float().numpy())
+    return {features: np.concatenate(parts) for features, parts in out.items()}
+
+
+def _untrained(overrides: list[str], registry) -> LoadedModel:
     config = load_config(overrides=overrides)
     torch.manual_seed(config.train.seed)
     return LoadedModel(build_model(config, registry).eval(), config, Path("-"))
@@ -196,13 +224,16 @@ def run(args) -> list[dict]:
     for name, *own in recipes:
         overrides = [*args.common, *own]
         untrained = _untrained(overrides, registry)
+        start = "before training" if untrained.config.model.pretrained not in (None, "", "none") else "untrained"
+        embedded = embed_both(untrained, paths)
         for features in FEATURES:
-            record({"embedding": f"{name} untrained", "features": features}, embed_paths(untrained, paths, features))
+            record({"embedding": f"{name} {start}", "features": features}, embedded[features])
         for seed in args.seeds:
             model, facts = _train_recipe(name, overrides, seed, out, registry)
+            embedded = embed_both(model, paths)
             for features in FEATURES:
                 row = {"embedding": name, "overrides": overrides, "seed": seed, "features": features, **facts}
-                record(row, embed_paths(model, paths, features))
+                record(row, embedded[features])
     return results
 
 

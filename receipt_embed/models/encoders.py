@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from receipt_embed.errors import BadInput
+from receipt_embed.models.bundled import is_bundled, refuse_for
 
 # architecture -> (torchvision builder name, attribute path of the feature trunk)
 ARCHITECTURES: dict[str, str] = {
@@ -113,6 +114,8 @@ def _load_weights(model: nn.Module, arch: str, pretrained: str | None) -> None:
     """``pretrained``: None/"none", a torchvision weights name (downloads), or a local file."""
     if pretrained in (None, "", "none"):
         return
+    if is_bundled(pretrained):
+        refuse_for(arch)
     path = Path(pretrained)
     if path.suffix in {".pt", ".pth"} or path.exists():
         state = read_weights_file(path)

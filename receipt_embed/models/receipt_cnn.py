@@ -18,6 +18,7 @@ from torch import nn
 
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
+from receipt_embed.models.bundled import bundled_weights, is_bundled
 
 # the default is 32 ... 128 channels in 5 stages; one 3x3 convolution of 4096 to 4096 channels is already
 # 150 million weights, and a checkpoint asking for 20000 made index allocate tens of GB before any check
@@ -76,18 +77,21 @@ class ReceiptCNN(nn.Module):
     ):
         super().__init__()
         state = None
+        widths = _check_widths(widths)
+        stem = _check_stem(stem)
+        if is_bundled(pretrained):
+            pretrained = str(bundled_weights(in_channels, widths, stem))
         if pretrained not in (None, "", "none"):
             from receipt_embed.models.encoders import read_weights_file
 
             if not os.path.lexists(pretrained):
                 raise FileNotFoundError(
-                    f"receipt_cnn has no published weights; pretrained must be a local file, got {pretrained!r}"
+                    "receipt_cnn has no published weights; pretrained must be 'bundled' (the weights shipped "
+                    f"in the package) or a local file, got {pretrained!r}"
                 )
             state = read_weights_file(Path(pretrained))  # a text file or a .npy is one line naming it
         if pooling not in ("gap", "grid"):
             raise BadInput(f"pooling must be 'gap' or 'grid', got {pooling!r}")
-        widths = _check_widths(widths)
-        stem = _check_stem(stem)
         layers, cin = [], in_channels
         for i, width in enumerate(widths):
             layers.append(_stem(cin, width, stem) if i == 0 else _conv(cin, width, 2))

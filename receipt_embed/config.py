@@ -722,10 +722,15 @@ def _params_follow_the_encoder(layers: list) -> None:
     """``model.params`` are keyword arguments of ``model.encoder``: where a layer picks another
     encoder, the first layer's params (the packaged defaults' ``stem`` of receipt_cnn, or a loaded
     config's) are dropped, so another encoder starts from its own defaults instead of failing on
-    arguments it does not take; params the layers above give still apply."""
+    arguments it does not take; params the layers above give still apply. The first layer's
+    ``model.pretrained: bundled`` (receipt_cnn weights) goes with them, to ``none``."""
     base = OmegaConf.to_container(layers[0], resolve=False)
     model = base.get("model") if isinstance(base, dict) else None
-    if not isinstance(model, dict) or not model.get("params"):
+    if not isinstance(model, dict):
+        return
+    pretrained = model.get("pretrained")  # "bundled" as receipt_embed.models.bundled.is_bundled reads it
+    bundled = isinstance(pretrained, str) and pretrained.strip().lower() == "bundled"
+    if not model.get("params") and not bundled:
         return
     if _given_value("model.encoder", layers[1:]) is _MISSING:
         return
@@ -737,6 +742,8 @@ def _params_follow_the_encoder(layers: list) -> None:
         return
     layers[0] = OmegaConf.merge(layers[0], {})  # a copy: the caller's layer is left as it was
     layers[0].model.params = {}
+    if bundled:
+        layers[0].model.pretrained = "none"
 
 
 def config_with(

@@ -21,6 +21,7 @@ from receipt_embed.data.views import clean_batches
 from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.models.embedder import Embedder
+from receipt_embed.plugin_watch import forks_end_here
 from receipt_embed.training.checkpoint import CheckpointError, check_weights_fit, load_checkpoint, load_weights
 
 FEATURES = ("backbone", "head")
@@ -133,7 +134,8 @@ def _refuse_blank(images: np.ndarray, paths: list[str], start: int, page_crop: b
 
 def embedding_dim(loaded: LoadedModel, features: str = "backbone") -> int:
     """The length of the ``features`` embeddings the model gives, known before any image is embedded."""
-    return loaded.model.head.out_dim if features == "head" else loaded.model.encoder.feature_dim
+    with forks_end_here():  # a plugin encoder's property
+        return loaded.model.head.out_dim if features == "head" else loaded.model.encoder.feature_dim
 
 
 def _encoder_errors(loaded: LoadedModel):

@@ -30,6 +30,7 @@ from pathlib import Path
 from receipt_embed.display import shortened
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import parse_json
+from receipt_embed.plugin_watch import end_a_copy_forked_from
 from receipt_embed.stops import StoppedBySignal, as_stop, signal_name, signals_stop_the_command, sigterm_unwinds
 
 HELD_LOCKS_ENV = "RECEIPT_EMBED_HELD_LOCKS"  # os.pathsep-separated lock files a parent process holds
@@ -191,6 +192,7 @@ def _write_holder(fd: int, path: Path, record: dict) -> None:
 
 
 _descriptors: dict[str, int] = {}  # lock path -> the descriptor holding its flock, in this process
+_owners: dict[str, int] = {}  # lock path -> the pid that took it (a forked copy of this process is not it)
 _inherited: dict[str, tuple[int, int]] = {}  # lock path -> (pid, lock file inode) of the ancestor holding it
 
 
@@ -203,6 +205,7 @@ def check_still_held(out: str | os.PathLike) -> None:
     replaced meanwhile (another writer could then have taken a new lock on the same dir), or, for a
     lock its launcher holds (a ``--nproc`` rank), when that launcher is gone: the kernel released the
     lock with it, so another writer may have the dir now."""
+    end_if_a_forked_copy(out)  # a child a plugin forked has this process's lock and dicts, not its place
     path = lock_path(out)
     fd = _descriptors.get(str(path))
     inherited = _inherited.get(str(path))
@@ -224,6 +227,14 @@ def check_still_held(out: str | os.PathLike) -> None:
             "another writer may take the dir, so this one stops without writing more "
             "(check the dir, then continue it with --resume or start again)"
         )
+
+
+def end_if_a_forked_copy(out: str | os.PathLike) -> None:
+    """A child a plugin forked while this process held ``out``'s lock ends here, before it touches
+    the dir (writes, swaps or removes a staging dir) as a second writer."""
+    key = str(lock_path(out))
+    if key in _owners:
+        end_a_copy_forked_from(_owners[key], str(out))
 
 
 def held_descriptor(out: str | os.PathLike) -> int | None:
@@ -277,6 +288,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
         }
         _held[key] = 1
         _descriptors[key] = fd
+        _owners[key] = os.getpid()
         try:
             with sigterm_unwinds():  # before the record: a holder that is named also cleans up on SIGTERM
                 _write_holder(fd, path, record)
@@ -287,6 +299,7 @@ def write_lock(out: str | os.PathLike, log=None) -> Iterator[Path]:
                 raise
             raise stop from None
         finally:
+            end_a_copy_forked_from(_owners.pop(key), str(out))  # never a forked copy unlinking the lock
             del _held[key]
             _descriptors.pop(key, None)
             try:  # only our own lock file: one that replaced it (after a deletion) is another writer's

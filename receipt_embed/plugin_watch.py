@@ -114,6 +114,57 @@ def forks_end_after_each_forward(module) -> None:
     module.register_forward_hook(after, always_call=True)
 
 
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal a process gets when its parent dies
+_forked_from: list[int] = []  # the pid that forked, noted just before each fork
+_set_death_signal: list = []  # libc's prctl, once children_end_with_the_command has run
+
+
+def children_end_with_the_command() -> None:
+    """Every child forked in this process (by a plugin's code, wherever it forked: a property read
+    between components, a forward whose child deadlocks in torch) is killed when this process ends,
+    so none outlives the command holding its output pipe or its dir's lock. Linux only (prctl's
+    parent-death signal); elsewhere children still end where they leave a plugin's code."""
+    if _set_death_signal or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    _set_death_signal.append(prctl)
+    os.register_at_fork(before=_note_the_parent, after_in_child=_die_with_the_parent)
+
+
+def _note_the_parent() -> None:
+    _forked_from[:] = [os.getpid()]
+
+
+def _die_with_the_parent() -> None:
+    import signal
+
+    _set_death_signal[0](PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if _forked_from and os.getppid() != _forked_from[0]:  # the parent died before the signal was set
+        stops._hard_exit(1)
+
+
+def end_a_copy_forked_from(pid: int, where: str) -> None:
+    """Called by receipt-embed's own code before it writes ``where``: a process that is not ``pid``
+    (the one that took the dir's lock) is a child a plugin forked that returned into receipt-embed's
+    code (from a property read, say); it ends here with a line, before it writes as a second writer."""
+    if os.getpid() == pid:
+        return
+    line = (
+        f"process {os.getpid()}, forked by a plugin in process {pid}, reached receipt-embed's writes of {where}; "
+        "it exits there (the command goes on in its own process)"
+    )
+    try:
+        print(printable(line), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    _end_a_forked_child(pid, 1)
+
+
 def _end_a_forked_child(pid: int, code) -> None:
     """A child process the plugin forked never returns into the command (it would go on as a second
     trainer or writer in the same dir): leaving the plugin's code, however it leaves, it exits."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
-from receipt_embed.locking import write_lock
+from receipt_embed.locking import end_if_a_forked_copy, write_lock
 from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind, is_mount_point
 from receipt_embed.stops import forget_swapped_in, note_swapped_in, raise_if_stopped
 
@@ -206,10 +206,12 @@ def replace_dir(out: str | os.PathLike, kind: str, force: bool = False, log=None
             raise
         try:  # a SIGTERM unwinds through here too (see locking.write_lock)
             yield staging
+            end_if_a_forked_copy(out)
             raise_if_stopped()  # a stop a library swallowed while the new dir was written: keep the old one
             _sync_tree(staging)
             swap_in(staging, out)
         except BaseException as exc:
+            end_if_a_forked_copy(out)  # the staging dir is the lock holder's to remove
             full = isinstance(exc, DiskFull) or is_disk_full(exc)
             free = exc.free_bytes if isinstance(exc, DiskFull) else free_bytes(out.parent) if full else None
             shutil.rmtree(staging, ignore_errors=True)

@@ -39,8 +39,12 @@ def test_demo_pipeline_wiring(cli, tmp_path):
     audit = json.loads((out / "audit" / "audit.json").read_text())
     assert audit["n_items"] == 18 and set(audit["shortcuts"]) == {"device", "merchant"}
     assert (out / "audit" / "audit.html").is_file()
-    # the dataset's own captures are inside its capture folder: thumbnails, nothing refused
-    assert "data:image/jpeg" in (out / "audit" / "audit.html").read_text() and audit["gallery_refused"] == 0
+    # the dataset's own captures are inside its capture folder: thumbnails, nothing refused (the bundled
+    # starting model finds every held-out capture, so the gallery of failures is empty unless one is missed)
+    html = (out / "audit" / "audit.html").read_text()
+    missed = audit["retrieval"]["recall_at_1"] < 1
+    assert ("data:image/jpeg" in html) == missed and audit["gallery_refused"] == 0
+    assert missed or "No query's nearest neighbour is another receipt." in html
     # run from the repository root, the demo loads plugins/ like any command: the epoch hook
     # wrote metrics.csv and the hubness check is in the audit
     assert (out / "run" / "metrics.csv").is_file() and "hubness" in audit["checks"]

@@ -724,3 +724,33 @@ def test_training_takes_sighup_as_a_stop_that_saves_unless_it_is_ignored():
         assert received == [] and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_attack_round_26_a_forked_copy_of_the_lock_holder_ends_before_it_writes(tmp_path):
+    """A child a plugin forked where no guard stood (a property read) inherited the lock, the held
+    dicts and the staging dir's name, so it wrote, swapped or unlinked as a second writer. Reaching
+    receipt-embed's writes, it now ends there with a line; the holder's lock is untouched."""
+    import receipt_embed.locking as locking
+
+    out = tmp_path / "run"
+    with locking.write_lock(out) as path:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the copy: its stderr is the pipe
+            os.close(read_end)
+            sys.stderr = os.fdopen(write_end, "w")
+            try:
+                locking.check_still_held(out)
+            finally:
+                os._exit(0)  # only when the check let it go on
+        os.close(write_end)
+        said = os.fdopen(read_end).read()
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        assert code == 1, said
+        assert (
+            f"process {pid}, forked by a plugin in process {os.getpid()}, reached receipt-embed's writes of {out}"
+            in said
+        )
+        assert path.exists()
+        locking.check_still_held(out)  # the holder goes on
+    assert not path.exists()

@@ -562,3 +562,215 @@ def test_attack_round_25_m2_a_second_stop_during_evaluation_says_it_did_not_wait
         "'stuck'): stopped at once in epoch 1, without waiting for the evaluation to end; no checkpoint had been "
         "saved yet"
     ) in stderr, stderr
+
+
+FORKS_AT = """
+import os
+import time
+
+import torch
+
+from receipt_embed.hookspecs import hookimpl
+from receipt_embed.losses import SupConLoss
+from receipt_embed.models.receipt_cnn import ReceiptCNN
+
+WHERE, MARKER = os.environ["FORK_AT"], os.environ["FORK_MARKER"]
+forked, children = set(), []
+
+
+def fork_once(where, child_hangs=False):
+    if where != WHERE or where in forked:
+        return
+    forked.add(where)
+    pid = os.fork()
+    if pid == 0:
+        with open(MARKER, "a") as marker:
+            marker.write(f"{os.getpid()}\\n")
+        if child_hangs:  # as a child deadlocked in torch's thread pool does
+            while True:
+                time.sleep(0.05)
+    else:
+        children.append(pid)
+
+
+@hookimpl
+def on_epoch_end(run_dir, epoch):  # whether each child has ended by now, while the command still runs
+    for pid in children:
+        deadline, state = time.time() + 10, "running"
+        while time.time() < deadline and state == "running":
+            state = "ended" if os.waitpid(pid, os.WNOHANG)[0] else "running"
+            time.sleep(0.05)
+        with open(MARKER + "_at_epoch_end", "a") as marker:
+            marker.write(f"{pid} {state}\\n")
+
+
+class ReadsForkEncoder(ReceiptCNN):
+    @property
+    def feature_dim(self):
+        fork_once("feature_dim")
+        return self._features
+
+    @feature_dim.setter
+    def feature_dim(self, value):
+        self._features = value
+
+
+class ForkingLoss(SupConLoss):
+    def forward(self, embeddings, labels):
+        fork_once("loss_forward", child_hangs=True)
+        return super().forward(embeddings, labels)
+
+    @property
+    def last_stats(self):
+        fork_once("last_stats")
+        return self._stats
+
+    @last_stats.setter
+    def last_stats(self, value):
+        self._stats = value
+
+
+def check_that_forks(context):
+    fork_once("audit_check")
+    return {"figures": {"items": len(context.items)}, "summary": "forks once", "flagged": False}
+
+
+def check_that_exits(context):
+    os._exit(0)
+
+
+@hookimpl
+def register_encoders(register):
+    register("reads_fork", lambda **params: ReadsForkEncoder(**params))
+
+
+@hookimpl
+def register_losses(register):
+    register("forking", ForkingLoss)
+
+
+@hookimpl
+def register_audit_checks(register):
+    if WHERE == "audit_check":
+        register("forks", lambda: check_that_forks)
+    if WHERE == "audit_exit":
+        register("exits", lambda: check_that_exits)
+"""
+
+
+def _gone(pid: int, seconds: float = 10) -> bool:
+    """Whether process ``pid`` has ended (a zombie no one reaps counts as ended) within ``seconds``."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _run_forking(tmp_path: Path, where: str, args: list[str], timeout: float = 240):
+    """``receipt-embed ARGS`` with the plugin that forks at ``where``, its stdout and stderr piped
+    (a child that kept them open would keep communicate() waiting): result and the children's pids."""
+    marker = tmp_path / f"children_{where}"
+    folder = _folder(tmp_path / "fork_plugins", {"forks_at.py": FORKS_AT})
+    process = subprocess.Popen(
+        _program(["--plugins-dir", str(folder), *args]),
+        env=_env(FORK_AT=where, FORK_MARKER=str(marker)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+    children = [int(line) for line in marker.read_text().split()] if marker.exists() else []
+    return process.returncode, stdout, stderr, children
+
+
+@pytest.mark.parametrize(
+    ("where", "sets"),
+    [
+        ("feature_dim", ["model.encoder=reads_fork"]),  # read while the model is built, outside the factory
+        ("last_stats", ["loss.name=forking"]),  # read by the trainer after each step
+        ("loss_forward", ["loss.name=forking"]),  # the child hangs inside the loss, never leaving it
+    ],
+)
+def test_attack_round_26_a_forked_child_never_trains_beside_the_command_or_outlives_it(tmp_path, dataset, where, sets):
+    """F3-F5: a fork in an encoder's feature_dim property made a second trainer (exit 2 on the lock);
+    one in a loss's last_stats left a child that never ended; one whose child hung in the loss kept
+    a piped ``train`` from ever ending. Each child now ends in the plugin's code, or with the command."""
+    run = tmp_path / "run"
+    code, _, stderr, children = _run_forking(tmp_path, where, _train_args(dataset, run, Path(), *sets)[2:])
+    assert code == 0, stderr
+    assert len(children) == 1, f"the plugin forked once at {where}: {children}"
+    assert "forked by a plugin" not in stderr and "lock" not in stderr, stderr
+    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert _gone(children[0]), f"the child {children[0]} forked at {where} outlived the command"
+    if where != "loss_forward":  # that child never leaves the loss: it ends with the command
+        state = (tmp_path / f"children_{where}_at_epoch_end").read_text().split()
+        assert state == [str(children[0]), "ended"], f"the child forked at {where} ran on beside the trainer: {state}"
+
+
+def _pixel_index(tmp_path: Path, dataset: Path) -> Path:
+    """An index of ``dataset`` over seeded random features (no model: the audit's checks are the test)."""
+    import numpy as np
+
+    from receipt_embed.data.dataset_dir import load_dataset_dir
+
+    rows = len(load_dataset_dir(dataset))
+    np.save(tmp_path / "features.npy", np.random.default_rng(0).normal(size=(rows, 16)).astype(np.float32))
+    index = tmp_path / "index"
+    result = subprocess.run(
+        _program(
+            [
+                "index",
+                "--embeddings",
+                str(tmp_path / "features.npy"),
+                "--manifest",
+                str(dataset),
+                "--out",
+                str(index),
+                "-q",
+            ]
+        ),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return index
+
+
+def test_attack_round_26_f1_f2_an_audit_check_that_forks_or_exits(tmp_path, dataset):
+    """F1: a check that forked had its child run the rest of audit-shortcuts as a second writer; F2:
+    one that called os._exit(0) ended the audit silently with exit 0, its lock file left behind. A
+    plugin's check now runs as its hooks do: the child ends where the check returns, and os._exit is
+    the check's failure, reported, the audit written without it."""
+    index = _pixel_index(tmp_path, dataset)
+    report = tmp_path / "report"
+    code, stdout, stderr, children = _run_forking(
+        tmp_path, "audit_check", ["audit-shortcuts", str(index), "--attribute", "device", "--out", str(report)]
+    )
+    assert code == 0, stderr
+    assert len(children) == 1 and _gone(children[0]), children
+    assert "forked by a plugin" not in stderr and "lock" not in stderr, stderr
+    assert stdout.count(str(report / "audit.html")) == 1, f"the rest of the audit ran once: {stdout}"
+    assert json.loads((report / "audit.json").read_text())["checks"]["forks"]["figures"] == {"items": 180}
+
+    code, stdout, stderr, _ = _run_forking(
+        tmp_path,
+        "audit_exit",
+        ["audit-shortcuts", str(index), "--attribute", "device", "--out", str(report), "--force"],
+    )
+    assert code == 0, stderr
+    assert "audit check 'exits' (plugin 'forks_at') failed: it called os._exit(0); the audit goes on without it" in (
+        stderr
+    )
+    assert json.loads((report / "audit.json").read_text())["checks"]["exits"]["error"] == "it called os._exit(0)"
+    assert not (tmp_path / ".report.lock").exists()

@@ -7,6 +7,7 @@ A check is ``check(context) -> dict``; see :class:`AuditContext` for what it can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import traceback
 import warnings
@@ -17,6 +18,7 @@ import numpy as np
 
 from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
+from receipt_embed.plugin_watch import PluginCalledExit, plugin_code
 from receipt_embed.stops import is_real_stop
 
 MAX_SUMMARY_CHARACTERS = 2000  # one line a reader takes in; printed whole in the terminal and the report
@@ -175,6 +177,7 @@ def run_checks(
         if name in skip:
             continue
         component = registry.get("audit_check", name)
+        builtin = component.plugin.startswith("builtin.")
         log(f"audit check {name} ({component.plugin})")
         try:
             check = registry.create("audit_check", name, **params.get(name, {}))
@@ -188,13 +191,17 @@ def run_checks(
                 raise BadInput(f"{exc}{hint}") from None
             check = _FailedFactory(AuditCheckError(f"{exc}{hint}"))  # a plugin bug: reported like a failing check
         try:
-            result = _result(name, component.plugin, check(context))
+            # a plugin's check runs as its hooks do: os._exit is its failure, a child it forks ends there
+            with (
+                contextlib.nullcontext() if builtin else plugin_code(component.plugin, f"running audit check {name} of")
+            ):
+                result = _result(name, component.plugin, check(context))
         except BaseException as exc:  # an exit or a KeyboardInterrupt the check raises itself is its failure too
             if is_real_stop(exc):
                 raise  # a real stop signal arrived while the check ran
             detail = (
                 str(exc)
-                if isinstance(exc, AuditCheckError)
+                if isinstance(exc, (AuditCheckError, PluginCalledExit))
                 else "".join(traceback.format_exception_only(type(exc), exc)).strip()
             )
             message = f"audit check {quoted(name)} (plugin {quoted(component.plugin)}) failed: {detail}"

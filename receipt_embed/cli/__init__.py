@@ -333,6 +333,9 @@ def run() -> None:
     code, instead of a silent death by the signal or a traceback from an exit handler."""
     global _console
     _console = True
+    from receipt_embed.plugin_watch import children_end_with_the_command
+
+    children_end_with_the_command()  # a plugin's forked child never outlives the command
     try:
         main()
         code = 0

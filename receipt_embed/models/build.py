@@ -14,7 +14,7 @@ from receipt_embed.config import Config
 from receipt_embed.display import shortened
 from receipt_embed.kinds import KINDS
 from receipt_embed.models.embedder import Embedder, set_batchnorm_momentum
-from receipt_embed.plugin_watch import forks_end_after_each_forward
+from receipt_embed.plugin_watch import forks_end_after_each_forward, forks_end_here
 from receipt_embed.registry import ComponentError, plugin_errors
 
 MAX_HEAD_PARAMETERS = 2**28  # about 1 GiB of float32: far beyond any receipt model, within this machine
@@ -32,13 +32,14 @@ def build_model(
     The model is first built on torch's meta device (shapes only, no memory) to count its weights
     and, with ``weights_fit``, to compare a checkpoint's tensors with its state dict, so a model too
     large or not the checkpoint's is refused before it takes any memory."""
-    sketch = _sketch(config, registry)
-    if sketch is not None and weights_fit is not None:
-        weights_fit(sketch.state_dict())
-    encoder = _build_encoder(config, registry, from_checkpoint)
-    _check_head_size(encoder, config)
-    model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
-    set_batchnorm_momentum(model, config.model.bn_momentum)
+    with forks_end_here():  # the plugin's properties (feature_dim) are read here too, outside its factory
+        sketch = _sketch(config, registry)
+        if sketch is not None and weights_fit is not None:
+            weights_fit(sketch.state_dict())
+        encoder = _build_encoder(config, registry, from_checkpoint)
+        _check_head_size(encoder, config)
+        model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
+        set_batchnorm_momentum(model, config.model.bn_momentum)
     return model
 
 
@@ -100,8 +101,8 @@ def check_encoder_output(model: Embedder, config: Config, registry) -> None:
     model.encoder.eval()
     with plugin_errors(registry, "encoder", name, "embedding two test images"):
         out = model.encoder(torch.zeros(2, channels, *config.data.image_size))
+        expected = (2, model.encoder.feature_dim)
     model.encoder.train(was_training)
-    expected = (2, model.encoder.feature_dim)
     if not torch.is_tensor(out) or tuple(out.shape) != expected:
         got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
         plugin = registry.get("encoder", name).plugin

@@ -303,7 +303,8 @@ class Trainer(TrainingStep):
             self.sums["loss"] += loss
             self.sums["steps"] += 1
             self.sums["views"] += len(views) * self.ctx.world_size
-            stats = getattr(self.loss_fn, "last_stats", None)
+            with plugin_errors(self.registry, "loss", self.config.loss.name, "reading last_stats"):
+                stats = getattr(self.loss_fn, "last_stats", None)
             if stats:  # kept in the checkpoint so a resumed epoch reports it too
                 self.sums["loss_stats"] = {k: (v.item() if torch.is_tensor(v) else v) for k, v in stats.items()}
             elapsed = self.sums["seconds"] + time.perf_counter() - started

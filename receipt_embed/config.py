@@ -537,7 +537,7 @@ def _parse_overrides(overrides: Sequence[str], flag: str = "--set") -> list:
             raise ConfigError(f"{where}: '<<' is YAML's merge key; a config writes its keys out: give them one by one")
         if _drops_a_comment(item.split("=", 1)[1]):
             raise ConfigError(
-                f"{where}: YAML reads the text from ' #' on as a comment and would drop it; quote the value "
+                f"{where}: YAML reads the text from its '#' on as a comment and would drop it; quote the value "
                 "if the # belongs to it, or leave the comment out"
             )
         try:

@@ -87,7 +87,25 @@ def _took_over(out, stale: dict) -> str:
             f"took over the lock on {out} left by {left_by}: its lock is free here, but a writer on another "
             f"host cannot be seen from {here}; if it may still be writing, stop this command"
         )
+    pid = stale.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool) and _running(pid):
+        return (
+            f"took over the lock on {out} left by {left_by}: a process {pid} is running, but it does not hold "
+            "the lock (its pid was reused by another process, or it no longer writes there)"
+        )
     return f"took over the lock on {out} left by {left_by}, which is no longer running"
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none, or a pid beyond the OS's range
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _read_holder(fd: int) -> dict:

@@ -578,11 +578,17 @@ def test_attack_round_22_mb7_mb14_mb15_long_values_comments_and_overlong_digits_
     assert "OMEGACONF" not in str(info.value)
     (tmp_path / "long.yaml").write_text("model:\n  params:\n    a: [" + ", ".join(["1"] * 10_000) + "]\n")
     assert len(load_config(tmp_path / "long.yaml").model.params["a"]) == 10_000
-    for override in ("train.epochs=3 #note", "train.lr=0.1 # a comment", "model.params={a: 1} #x"):
+    # attack round 26: with no space before it ("{stem: 2}#x") the message quoted ' #' all the same
+    for override in (
+        "train.epochs=3 #note",
+        "train.lr=0.1 # a comment",
+        "model.params={a: 1} #x",
+        "model.params={a: 1}#x",
+    ):
         with pytest.raises(ConfigError) as info:
             load_config(overrides=[override])
         assert str(info.value) == (
-            f"--set '{override}': YAML reads the text from ' #' on as a comment and would drop it; quote the "
+            f"--set '{override}': YAML reads the text from its '#' on as a comment and would drop it; quote the "
             "value if the # belongs to it, or leave the comment out"
         )
     assert load_config(overrides=["loss.params={a: 'x #y', b: x#y}"]).loss.params == {"a": "x #y", "b": "x#y"}
@@ -624,7 +630,7 @@ def test_attack_round_22_mb11_yaml_merge_keys_are_named_as_such(tmp_path):
 def test_attack_round_24_p7_a_comment_is_refused_even_when_a_value_holds_a_hash(override):
     """A `#` inside one value let a trailing comment elsewhere in the same --set through, silently
     dropped; so did one after a tab, or one whose first word also occurs inside a value (round 25 F2)."""
-    with pytest.raises(ConfigError, match="YAML reads the text from ' #' on as a comment and would drop it"):
+    with pytest.raises(ConfigError, match="YAML reads the text from its '#' on as a comment and would drop it"):
         load_config(overrides=[override])
 
 

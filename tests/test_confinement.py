@@ -121,7 +121,8 @@ def test_a_symlink_out_of_the_capture_folder_is_refused(trained, outside, tmp_pa
     assert roots.check(0, str(inside)) and not roots.check(1, str(link)) and not roots.check(2, "/etc/passwd")
     assert not confined.check(3, str(captures / "escape.jpg"))
     assert not roots.check(4, str(REPO / "data_samples" / ".." / "README.md"))
-    assert not roots.check(5, "a\0b") and [row for row, _ in roots.refused] == [1, 2, 4, 5]
+    assert not roots.check(5, "a\0b") and [row for row, _ in roots.refused] == [1, 2, 4]
+    assert roots.unresolvable == [(5, "a\0b")]  # attack round 26 F7: no file at all, not one "outside"
     assert recorded_roots({"source": {"kind": "checkpoint", "dataset": str(tmp_path)}}) == []  # no ingest report
 
 
@@ -261,3 +262,41 @@ def test_a_large_ingest_report_still_names_the_capture_folder(tmp_path):
     assert len(report) > 16 * 2**20
     (tmp_path / "ingest_report.json").write_text(report)
     assert _capture_folder(tmp_path) == tmp_path / "captures"
+
+
+def test_attack_round_26_f7_a_dataset_of_absolute_paths_shows_its_own_captures(tmp_path):
+    """A dataset ingested with --allow-absolute-paths, its captures in another folder than its
+    manifest, had every gallery thumbnail refused as "outside the dataset's capture folders" (the
+    folder allowed was the manifest's). The captures it accepted are the user's: they are shown;
+    a file it never listed, beside them, is still refused."""
+    from receipt_embed.audit.confine import ImageRoots
+
+    captures, listed = tmp_path / "captures", tmp_path / "listing"
+    captures.mkdir()
+    listed.mkdir()
+    lines = ["path,receipt_id,device"]
+    for row in range(24):
+        receipt, device = divmod(row, 3)
+        name = f"r{receipt:04d}_{['phone_a', 'phone_b', 'scanner'][device]}.jpg"
+        shutil.copy(REPO / "data_samples" / "images" / name, captures / name)
+        lines.append(f"{captures / name},r{receipt},{device}")
+    (listed / "manifest.csv").write_text("\n".join(lines) + "\n")
+    shutil.copy(REPO / "data_samples" / "images" / "r0030_phone_a.jpg", captures / "never_listed.jpg")
+    dataset = tmp_path / "dataset"
+    result = run_cli("ingest", listed / "manifest.csv", "--out", dataset, "--allow-absolute-paths", "-q")
+    assert result.returncode == 0, result.stderr
+    np.save(tmp_path / "vectors.npy", np.random.default_rng(0).normal(size=(24, 8)).astype(np.float32))
+    index = tmp_path / "index"
+    result = run_cli("index", "--embeddings", tmp_path / "vectors.npy", "--manifest", dataset, "--out", index, "-q")
+    assert result.returncode == 0, result.stderr
+    report = tmp_path / "report"
+    result = run_cli("audit-shortcuts", index, "--out", report, "--gallery", "3", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "outside the dataset" not in result.stderr
+    assert json.loads((report / "audit.json").read_text())["gallery_refused"] == 0
+    assert "data:image/jpeg" in (report / "audit.html").read_text()
+    roots = ImageRoots.for_index(json.loads((index / "index.json").read_text()))
+    assert roots.check(0, str(captures / "r0000_phone_a.jpg"))
+    assert not roots.check(1, str(captures / "never_listed.jpg")) and roots.refused == [
+        (1, str(captures / "never_listed.jpg"))
+    ]

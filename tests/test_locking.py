@@ -131,8 +131,16 @@ def test_attack_round_22_ma2_ma3_a_lock_record_says_only_what_it_holds_and_anoth
         f"here, but a writer on another host cannot be seen from {socket.gethostname()}; if it may still be "
         "writing, stop this command"
     ]
-    assert warnings_taking_over({"pid": 4243, "host": socket.gethostname()}) == [
-        f"took over the lock on {out} left by pid 4243 on host {socket.gethostname()}, which is no longer running"
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = int(ended.stdout)
+    assert warnings_taking_over({"pid": gone, "host": socket.gethostname()}) == [
+        f"took over the lock on {out} left by pid {gone} on host {socket.gethostname()}, which is no longer running"
+    ]
+    # attack round 26 F6: a live pid that does not hold the flock was called "no longer running"
+    assert warnings_taking_over({"pid": os.getpid(), "host": socket.gethostname()}) == [
+        f"took over the lock on {out} left by pid {os.getpid()} on host {socket.gethostname()}: a process "
+        f"{os.getpid()} is running, but it does not hold the lock (its pid was reused by another process, or it "
+        "no longer writes there)"
     ]
     # a live holder that has taken the flock but not yet written its record
     hold = subprocess.Popen(

@@ -888,7 +888,9 @@ def test_items_swapped_or_shards_crossed_are_refused_against_their_dataset(train
     with pytest.raises(IndexDirError) as info:
         load_index_dir(index)
     first = json.loads(lines[1])["path"]
-    assert str(info.value).startswith(f"{index / 'items.jsonl'}, row 1: {first!r} is not the capture its dataset")
+    assert str(info.value).startswith(
+        f"{index / 'items.jsonl'}, row 0 (0-based): {first!r} is not the capture its dataset"
+    )
 
     for shard in ("0/2", "1/2"):
         result = run_cli("index", "--checkpoint", checkpoint, "--data", dataset, "--shard", shard, "-q",
@@ -900,7 +902,7 @@ def test_items_swapped_or_shards_crossed_are_refused_against_their_dataset(train
     meta["files"]["items.jsonl"] = sha256_file(crossed)
     (tmp_path / "s1" / "shard.json").write_text(json.dumps(meta))
     result = run_cli("index-merge", tmp_path / "s0", tmp_path / "s1", "--out", tmp_path / "merged")
-    _one_clean_error(result, f"{crossed}, row 1: ", "is not the capture its dataset lists there")
+    _one_clean_error(result, f"{crossed}, row 0 (0-based): ", "is not the capture its dataset lists there")
     assert not (tmp_path / "merged").exists()
 
 
@@ -916,7 +918,7 @@ def test_attack_round_22_mc5_an_item_whose_receipt_id_was_changed_names_the_fiel
     with pytest.raises(IndexDirError) as info:
         load_index_dir(index)
     assert str(info.value) == (
-        f"{index / 'items.jsonl'}, row 1 ({first['path']!r}): its 'receipt_id' is 'someone-else' but its dataset "
+        f"{index / 'items.jsonl'}, row 0 (0-based, {first['path']!r}): its 'receipt_id' is 'someone-else' but its dataset "
         f"has {first['receipt_id']!r}: the index was edited; build it again"
     )
     dropped = {k: v for k, v in first.items() if k != "device"}

@@ -73,6 +73,39 @@ def recorded_roots(meta: dict) -> list[Path]:
     return []
 
 
+def recorded_captures(meta: dict) -> set[Path]:
+    """The captures (resolved) of the dataset an index dir records, when that dataset was ingested
+    with ``allow_absolute_paths``: its captures may lie anywhere, and each one it accepted is one the
+    user handed over, so it may be shown although it is outside the manifest's folder."""
+    from receipt_embed.fileio import MAX_JSONL_BYTES, read_json, read_jsonl
+
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    dataset, manifest = source.get("dataset"), source.get("manifest")
+    if isinstance(dataset, str) and dataset:
+        folder = Path(dataset)
+    elif isinstance(manifest, str) and Path(manifest).name == "manifest.jsonl":
+        folder = Path(manifest).parent
+    else:
+        return set()
+    try:
+        report = read_json(folder / INGEST_REPORT, MAX_JSONL_BYTES)
+        settings = report.get("settings") if isinstance(report, dict) else None
+        if not (isinstance(settings, dict) and settings.get("allow_absolute_paths") is True):
+            return set()
+        rows = read_jsonl(folder / "manifest.jsonl")
+    except (OSError, ValueError):
+        return set()
+    captures = set()
+    for row in rows:
+        path = row.get("path") if isinstance(row, dict) else None
+        if isinstance(path, str) and Path(path).is_absolute():
+            try:
+                captures.add(Path(path).resolve())
+            except (OSError, RuntimeError, ValueError):
+                continue
+    return captures
+
+
 def too_wide_root(root: Path) -> bool:
     """Whether a capture folder derived from index or dataset metadata is too wide to confine
     reads to: ``/``, a top-level folder (``/tmp``, ``/home``), or the user's home folder or one
@@ -94,27 +127,35 @@ class ImageRoots:
     roots: list[Path]
     refused: list[tuple[int, str]] = field(default_factory=list)  # (row, path) per refused read
     too_wide: list[Path] = field(default_factory=list)  # recorded roots not trusted (see too_wide_root)
+    captures: set[Path] = field(default_factory=set)  # accepted captures outside the roots (recorded_captures)
+    unresolvable: list[tuple[int, str]] = field(default_factory=list)  # paths naming no file (a NUL byte, a loop)
 
     @classmethod
     def for_index(cls, meta: dict, extra=()) -> ImageRoots:
         recorded = [Path(root).resolve() for root in recorded_roots(meta)]
         wide = [root for root in recorded if too_wide_root(root)]
         kept = [root for root in recorded if root not in wide]
-        return cls([*kept, *(Path(root).resolve() for root in extra)], too_wide=wide)
+        roots = [*kept, *(Path(root).resolve() for root in extra)]
+        return cls(roots, too_wide=wide, captures=recorded_captures(meta))
 
     def allows(self, path: str) -> bool:
         try:
             resolved = Path(path).resolve()
         except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop: not a capture
             return False
-        return any(resolved.is_relative_to(root) for root in self.roots)
+        return resolved in self.captures or any(resolved.is_relative_to(root) for root in self.roots)
 
     def check(self, row: int, path) -> bool:
-        """Whether row's path may be read; a refusal is recorded once per row."""
+        """Whether row's path may be read; a refusal is recorded once per row (a path that names no
+        file at all, with a NUL byte or in a symlink loop, is recorded as unresolvable instead)."""
         if not isinstance(path, str) or not path:
             return False
         if self.allows(path):
             return True
+        if not _resolvable(path):
+            if (row, path) not in self.unresolvable:
+                self.unresolvable.append((row, path))
+            return False
         if (row, path) not in self.refused:
             self.refused.append((row, path))
         return False
@@ -136,3 +177,11 @@ class ImageRoots:
             f"{wide}{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
             f"(row {row}: {path}{more}); allowed: {where}; pass --images-root DIR to allow another folder"
         )
+
+
+def _resolvable(path: str) -> bool:
+    try:
+        Path(path).resolve(strict=False)
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return True

@@ -43,13 +43,16 @@ def _gallery(index_dir, labels: np.ndarray, attributes: list[str], count: int, r
         item = index_dir.items[row]
         allowed = roots.check(row, item.get("path"))
         image, missing = thumbnail_or_reason(item.get("path")) if allowed else (None, None)
+        unresolvable = (row, item.get("path")) in roots.unresolvable
+        if unresolvable:  # not a file outside the allowed folders: no file at all
+            missing = "its path names no file (a NUL byte or a symlink loop)"
         return {
             "row": row,
             "receipt_id": item.get("receipt_id"),
             "path": item.get("path"),
             "thumbnail": image,
             "missing": missing,  # why a capture that may be shown has no image (gone, a FIFO, undecodable)
-            "refused": not allowed,
+            "refused": not allowed and not unresolvable,
             **{a: item.get(a) for a in attributes},
         }
 

@@ -313,19 +313,19 @@ def check_items_match_dataset(items: list[dict], source: dict, items_path: Path,
             f"{items_path} has {len(items)} items, but its dataset {source['dataset']} gives {len(expected)} "
             f"captures for split {source.get('split')}: the index was edited"
         )
-    for number, (item, row) in enumerate(zip(items, expected), start=1):
+    for number, (item, row) in enumerate(zip(items, expected)):  # 0-based, as check_items and embeddings.npy
         listed = item_of(row)
         if item == listed:
             continue
         if item.get("path") != listed.get("path"):
             raise error(
-                f"{items_path}, row {number}: {shortened(repr(item.get('path')))} is not the capture its dataset "
+                f"{items_path}, row {number} (0-based): {shortened(repr(item.get('path')))} is not the capture its dataset "
                 f"lists there ({shortened(repr(listed.get('path')))}): the index was edited; build it again"
             )
         fields = sorted(set(item) | set(listed), key=str)
         changed = next(key for key in fields if item.get(key, _ABSENT) != listed.get(key, _ABSENT))
         raise error(
-            f"{items_path}, row {number} ({shortened(repr(item.get('path')))}): its {quoted(changed)} is "
+            f"{items_path}, row {number} (0-based, {shortened(repr(item.get('path')))}): its {quoted(changed)} is "
             f"{_shown_value(item, changed)} but its dataset has {_shown_value(listed, changed)}: the index was "
             "edited; build it again"
         )

@@ -88,7 +88,7 @@ def _took_over(out, stale: dict) -> str:
             f"host cannot be seen from {here}; if it may still be writing, stop this command"
         )
     pid = stale.get("pid")
-    if isinstance(pid, int) and not isinstance(pid, bool) and _running(pid):
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid_running(pid):
         return (
             f"took over the lock on {out} left by {left_by}: a process {pid} is running, but it does not hold "
             "the lock (its pid was reused by another process, or it no longer writes there)"
@@ -96,14 +96,17 @@ def _took_over(out, stale: dict) -> str:
     return f"took over the lock on {out} left by {left_by}, which is no longer running"
 
 
-def _running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether a process ``pid`` may be running on this host. Only a pid the OS says has no
+    process (or a pid beyond the OS's range) is not running; another user's process counts as
+    running, so a caller that removes a dead writer's files never removes a live one's."""
     if pid <= 0:
         return False
     try:
         os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # none, or a pid beyond the OS's range
+    except (ProcessLookupError, OverflowError):
         return False
-    except PermissionError:  # another user's process
+    except PermissionError:
         return True
     return True
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from receipt_embed.errors import BadInput
 from receipt_embed.fileio import DiskFull, free_bytes, fsync_dir, is_disk_full
-from receipt_embed.locking import end_if_a_forked_copy, write_lock
+from receipt_embed.locking import end_if_a_forked_copy, pid_running, write_lock
 from receipt_embed.outdir import MARKERS, PARTIAL, check_replaceable, dir_kind, is_mount_point
 from receipt_embed.stops import forget_swapped_in, note_swapped_in, raise_if_stopped
 
@@ -46,7 +46,7 @@ def leftovers(out: str | os.PathLike) -> list[Path]:
         if not path.name.startswith(prefixes):
             continue
         pid = path.name.rsplit("-", 1)[1]
-        if not pid.isdigit() or _pid_running(int(pid)) or path.is_symlink() or not path.is_dir():
+        if not pid.isdigit() or pid_running(int(pid)) or path.is_symlink() or not path.is_dir():
             continue
         if dir_kind(path) in (None, *MARKERS) or _only_our_names(path):
             found.append(path)
@@ -64,18 +64,6 @@ OUR_NAMES = {
 
 def _only_our_names(path: Path) -> bool:
     return all(entry.name in OUR_NAMES or entry.name.startswith(".") for entry in path.iterdir())
-
-
-def _pid_running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return pid > 0
-    return True
 
 
 def clean_leftovers(out: str | os.PathLike, log=None) -> list[Path]:

@@ -139,25 +139,28 @@ class ImageRoots:
         return cls(roots, too_wide=wide, captures=recorded_captures(meta))
 
     def allows(self, path: str) -> bool:
+        return self._verdict(path) == "allowed"
+
+    def _verdict(self, path: str) -> str:
+        """Where path lies: allowed, outside the roots, or unresolvable (a NUL byte, a symlink loop)."""
         try:
             resolved = Path(path).resolve()
-        except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop: not a capture
-            return False
-        return resolved in self.captures or any(resolved.is_relative_to(root) for root in self.roots)
+        except (OSError, RuntimeError, ValueError):
+            return "unresolvable"
+        inside = resolved in self.captures or any(resolved.is_relative_to(root) for root in self.roots)
+        return "allowed" if inside else "outside"
 
     def check(self, row: int, path) -> bool:
         """Whether row's path may be read; a refusal is recorded once per row (a path that names no
         file at all, with a NUL byte or in a symlink loop, is recorded as unresolvable instead)."""
         if not isinstance(path, str) or not path:
             return False
-        if self.allows(path):
+        verdict = self._verdict(path)
+        if verdict == "allowed":
             return True
-        if not _resolvable(path):
-            if (row, path) not in self.unresolvable:
-                self.unresolvable.append((row, path))
-            return False
-        if (row, path) not in self.refused:
-            self.refused.append((row, path))
+        refusals = self.unresolvable if verdict == "unresolvable" else self.refused
+        if (row, path) not in refusals:
+            refusals.append((row, path))
         return False
 
     def warning(self) -> str | None:
@@ -177,11 +180,3 @@ class ImageRoots:
             f"{wide}{len(self.refused)} gallery image(s) outside the dataset's capture folders were not read "
             f"(row {row}: {path}{more}); allowed: {where}; pass --images-root DIR to allow another folder"
         )
-
-
-def _resolvable(path: str) -> bool:
-    try:
-        Path(path).resolve(strict=False)
-    except (OSError, RuntimeError, ValueError):
-        return False
-    return True

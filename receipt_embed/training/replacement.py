@@ -29,7 +29,7 @@ def run_entries(run_dir: Path) -> list[str]:
 def _aside_dirs(run_dir: Path) -> list[Path]:
     """Siblings ``.NAME.old-PID`` a killed ``--force`` writer left: real folders (not links) of a PID
     no longer running that hold a run's files; a user's folder with such a name is never touched."""
-    from receipt_embed.staging import _pid_running
+    from receipt_embed.locking import pid_running
 
     if not run_dir.parent.is_dir():
         return []
@@ -37,7 +37,7 @@ def _aside_dirs(run_dir: Path) -> list[Path]:
     found = []
     for path in run_dir.parent.iterdir():
         pid = path.name[len(prefix) :]
-        if not path.name.startswith(prefix) or not pid.isdigit() or _pid_running(int(pid)):
+        if not path.name.startswith(prefix) or not pid.isdigit() or pid_running(int(pid)):
             continue
         if path.is_symlink() or not path.is_dir():
             continue

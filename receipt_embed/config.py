@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from receipt_embed.display import shortened
+from receipt_embed.display import quoted, shortened
 from receipt_embed.errors import BadInput
 
 
@@ -458,7 +458,28 @@ def _load_yaml(path: Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    _refuse_other_types(data, path)
     return data
+
+
+_PLAIN_TYPES = (str, int, float, bool, type(None), list, dict)
+
+
+def _refuse_other_types(data: dict, path: Path) -> None:
+    """YAML reads ``2001-12-14`` as a date, ``!!set {a}`` as a set and ``!!binary`` as bytes, which
+    the config library cannot hold: named by key here instead of failing inside it."""
+    pending = [("", data)]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, dict):
+            pending += [(f"{where}.{key}" if where else str(key), item) for key, item in value.items()]
+        elif isinstance(value, list):
+            pending += [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+        elif not isinstance(value, _PLAIN_TYPES):
+            raise ConfigError(
+                f"config file {path}: key {quoted(shortened(where, 200))} holds a YAML {type(value).__name__} "
+                f"({shortened(str(value), 80)}), which a config does not take; quote it if it is text"
+            )
 
 
 MAX_OVERRIDE_NODES = 9_000  # values, keys and brackets in one --set value

@@ -53,8 +53,11 @@ class NameTooLong(BadInput):
 
 
 def lock_path(out: str | os.PathLike) -> Path:
-    """``PARENT/.NAME.lock`` for the dir ``out`` (resolved, so two spellings share one lock)."""
+    """``PARENT/.NAME.lock`` for the dir ``out`` (resolved, so two spellings share one lock: a
+    symlink to a dir locks the dir it leads to, as its writers and readers write there)."""
     out = Path(os.path.abspath(out))
+    if out.is_symlink():
+        out = Path(os.path.realpath(out))
     if len(os.fsencode(out.name)) > MAX_DIR_NAME_BYTES:
         raise NameTooLong(
             f"--out {shortened(str(out))}: the name is {len(os.fsencode(out.name))} bytes; an output dir's name "

@@ -10,6 +10,7 @@ regular file, a ``register`` call breaking its rules. ``RECEIPT_EMBED_DISABLE_PL
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -76,6 +77,14 @@ def _register_signature(name, factory, description=""):
 
 
 REGISTER_SIGNATURE = inspect.signature(_register_signature)
+
+
+def _version_text(version) -> str | None:
+    """A folder plugin's ``__version__`` as text, read from its dict (a module-level __getattr__ is
+    never asked), turned into text while its code is watched (its __str__ is plugin code too)."""
+    return None if version is None else str(version)
+
+
 FOLDER_PACKAGE = "receipt_embed_folder_plugins"
 
 
@@ -195,10 +204,14 @@ class PluginLoader:
         if self._blocked(info.name):
             return
         try:
-            self._check_hook_names(module, info.name)
-            self.pm.register(module, name=info.name)
-            self.pm.check_pending()
-        except Exception as exc:  # a bad hookimpl must not take the others down
+            # reading a module's names runs its own code (a module-level __getattr__), so a plugin's
+            # is watched as its import is; builtins are ours
+            watched = contextlib.nullcontext() if info.source == "builtin" else plugin_code(info.name, "loading")
+            with watched:
+                self._check_hook_names(module, info.name)
+                self.pm.register(module, name=info.name)
+                self.pm.check_pending()
+        except PLUGIN_RAISES as exc:  # a bad hookimpl must not take the others down
             if self.pm.has_plugin(info.name):
                 self.pm.unregister(name=info.name)
             self._fail(info.name, exc)
@@ -259,6 +272,7 @@ class PluginLoader:
                 sys.modules[module_name] = module
                 with plugin_code(name, "loading"):
                     exec(compile(source, str(path), "exec"), module.__dict__)
+                    version = _version_text(module.__dict__.get("__version__"))
             except PLUGIN_RAISES as exc:
                 sys.modules.pop(module_name, None)
                 missing = getattr(exc, "name", None)
@@ -269,7 +283,7 @@ class PluginLoader:
                     )
                 self._fail(name, exc)
                 continue
-            self._register(module, PluginInfo(name, "folder", str(path), getattr(module, "__version__", None)))
+            self._register(module, PluginInfo(name, "folder", str(path), version))
 
     def collect_components(self) -> None:
         """Call every plugin's register hooks with a callback bound to that plugin."""

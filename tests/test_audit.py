@@ -324,3 +324,18 @@ def test_an_untestable_attribute_is_named_once_escaped_without_numpy_reprs():
     assert reason == "it has a single value ('a\\b')"
     figures = {"flagged": [], "collapsed": False, "shortcuts": {}, "inconclusive": [], "untestable": {"x\\y": reason}}
     assert verdict_lines(figures)[-1] == "not tested: x\\\\y (it has a single value ('a\\\\b'))"
+
+
+def test_attack_round_27_f5_a_one_dimensional_index_is_audited_on_a_line(tmp_path):
+    """Attack round 27 F5: `index --embeddings` takes a 1-D array, and its audit died in the PCA
+    plot (n_components=2 of 1 feature) with an internal error; the projection is drawn on a line."""
+    from conftest import run_cli
+    from test_overwrite import write_embeddings
+
+    x, manifest = write_embeddings(tmp_path, "e", 36, dim=1)
+    assert run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", tmp_path / "ix", "-q").returncode == 0
+    result = run_cli("audit-shortcuts", tmp_path / "ix", "--gallery", "0", "-q")
+    assert result.returncode in (0, 1) and "internal error" not in result.stderr, result.stderr
+    assert "effective rank 1.00" in result.stdout
+    figures = json.loads((tmp_path / "ix" / "audit" / "audit.json").read_text())
+    assert figures["n_items"] == 36

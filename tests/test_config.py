@@ -705,3 +705,28 @@ def test_attack_round_25_f3_a_config_file_with_a_short_list_is_named(tmp_path):
     assert str(info.value).startswith(
         f"config key 'data.image_size' (from config file {tmp_path / 'c.yaml'}): two numbers (height, width), got [64]"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("train:\n  seed: 2001-12-14\n", "key 'train.seed' holds a YAML date (2001-12-14)"),
+        (
+            "model:\n  params: {stem: 4, when: 2001-12-14 10:00:00}\n",
+            "key 'model.params.when' holds a YAML datetime (2001-12-14 10:00:00)",
+        ),
+        ("train: !!set {a}\n", "key 'train' holds a YAML set ({'a'})"),
+        ("loss:\n  params: {names: [a, !!binary aGk=]}\n", "key 'loss.params.names[1]' holds a YAML bytes (b'hi')"),
+    ],
+)
+def test_attack_round_27_f4_a_yaml_date_or_set_in_a_config_file_is_named_by_key(tmp_path, cli, text, message):
+    """Attack round 27 F4: YAML reads 2001-12-14 as a date and !!set as a set, which the config
+    library cannot hold: an internal error from `config`, `train` and `--resume` alike; now one
+    line naming the file and the key, exit 2."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"config file {path}: {message}, which a config does not take; quote it if it is text"
+    result = cli("config", "--config", path)
+    assert result.returncode == 2 and message in result.stderr and "internal error" not in result.stderr

@@ -109,6 +109,13 @@ def test_a_set_too_small_to_audit_is_refused_before_any_training(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "gives 1 held-out receipt(s) of 12; the demo indexes and audits the held-out receipts" in result.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dataset"]
+    # attack round 27 F8: a second demo without --force replaced the dataset the failed one left
+    digest = (tmp_path / "out" / "dataset" / "manifest.jsonl").read_bytes()
+    again = run_cli("demo", "--out", tmp_path / "out", "--samples", tmp_path / "small", "--set", "ingest.seed=7")
+    assert again.returncode == 2 and (
+        f"{tmp_path / 'out'} already holds a demo's dataset; pass --force to replace it" in again.stderr
+    ), again.stderr
+    assert (tmp_path / "out" / "dataset" / "manifest.jsonl").read_bytes() == digest
 
 
 def _demo_stopped(monkeypatch, capsys, out: Path, tmp_path: Path, stop: type | None = None, **steps):

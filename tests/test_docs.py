@@ -122,3 +122,14 @@ def test_plugin_guide_links_resolve():
         if "pair_contrastive" in path:  # the tutorial's own files
             continue
         assert (REPO / path).exists(), f"docs/plugins.md names {path}, which does not exist"
+
+
+def test_every_ingest_reason_code_is_in_the_readme_table():
+    """Attack round 27 F7: ingest rejected rows as `permission_denied`, a reason the README's table
+    did not list. Every code a row is rejected with (a file-level one or a row check's) is listed."""
+    source = "".join(path.read_text() for path in (REPO / "receipt_embed").rglob("*.py"))
+    codes = set(re.findall(r'UnusableFile\(\s*"([a-z_]+)"', source))
+    codes |= set(re.findall(r'reject\(\s*\w+,\s*\w+,\s*"([a-z_]+)"', source))
+    assert {"permission_denied", "missing_field", "repeated_row"} <= codes  # the patterns still find them
+    table = README.split("| reason | what happened |", 1)[1].split("\n\n", 1)[0]
+    assert [code for code in sorted(codes) if f"`{code}`" not in table] == []

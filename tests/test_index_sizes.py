@@ -208,6 +208,8 @@ def test_a_huge_ivf_list_count_is_refused_before_faiss_allocates():
         # attack round 21 L2: FAISS aborts the process (SIGABRT) searching an IVF inside Refine
         ("IVF4,SQ8,Refine(IVF2,Flat)", "a Refine(...) stage re-ranks with stored codes, so it must be Flat"),
         ("IVF4,PQ4,Refine(HNSW8)", "not HNSW8"),
+        # attack round 27 F1: FAISS's NNDescent aborted the process (exit 134) building NSG16 on 120 vectors
+        ("NSG16", "NSG16: an NSG graph needs at least 500 vectors, got 300"),
     ],
 )
 def test_factory_sizes_are_refused_in_one_line_naming_the_factory(factory, message):
@@ -240,6 +242,37 @@ def test_factory_sizes_are_refused_in_one_line_naming_the_factory(factory, messa
 def test_usual_factories_pass_the_size_check(factory):
     """The size check refuses only what would fail or exhaust memory: the usual strings pass."""
     check_factory_sizes(factory, 900, 100_000, 16)
+
+
+def test_nsg_on_few_vectors_is_refused_before_faiss_aborts_the_index_command(tmp_path):
+    """Attack round 27 F1: `index --embeddings` with NSG16 on 120 vectors died in a FAISS assertion
+    (exit 134) and left its lock; now one line, exit 2, and no lock left behind."""
+    np.save(tmp_path / "e.npy", _vectors(120, 8))
+    rows = "".join(f"img{i}.png,r{i // 3},d{i % 3}\n" for i in range(120))
+    (tmp_path / "m.csv").write_text("path,receipt_id,device\n" + rows)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "receipt_embed",
+            "index",
+            "--embeddings",
+            "e.npy",
+            "--manifest",
+            "m.csv",
+            "--out",
+            "idx",
+            "--factory",
+            "NSG16",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "NSG16: an NSG graph needs at least 500 vectors, got 120" in result.stderr
+    assert not (tmp_path / "idx").exists() and not (tmp_path / ".idx.lock").exists()
 
 
 def test_index_with_too_many_lists_is_refused_at_once_and_keeps_the_old_index(tmp_path):

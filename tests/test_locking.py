@@ -15,6 +15,8 @@ import pytest
 from conftest import REPO, TINY_TRAINING, run_cli
 from test_overwrite import tree_digest, write_embeddings
 
+from receipt_embed.locking import lock_path
+
 HOLD = """
 import sys, time
 from receipt_embed.locking import write_lock
@@ -347,6 +349,27 @@ def test_an_audit_into_the_index_dir_and_an_index_force_never_run_together(tmp_p
         holder.wait()
     assert run_cli("audit-shortcuts", index, "--gallery", "0", "-q").returncode in (0, 1)
     assert (index / "audit" / "audit.json").exists() and not (tmp_path / ".ix.lock").exists()
+
+
+def test_attack_round_27_f2_an_audit_through_a_symlink_to_the_index_dir_holds_the_index_lock(tmp_path):
+    """Attack round 27 F2: `audit-shortcuts LINK` (LINK -> INDEX) and `--out LINK/audit` locked
+    .LINK.lock, never .INDEX.lock, so an `index --force INDEX` ran beside them and left a 30-item
+    index with a 36-item audit. A symlink to a dir locks the dir it leads to."""
+    x, manifest = write_embeddings(tmp_path, "e", 40)
+    index = tmp_path / "ix"
+    assert run_cli("index", "--embeddings", x, "--manifest", manifest, "--out", index, "-q").returncode == 0
+    (tmp_path / "link").symlink_to("ix")
+    assert lock_path(tmp_path / "link") == lock_path(index) == tmp_path / ".ix.lock"
+    holder = hold_lock(index)  # as an `index --force` of the real dir in progress would
+    try:
+        for args in (["link"], ["ix", "--out", "link/audit"], ["link", "--out", "ix/audit"]):
+            audit = run_cli("audit-shortcuts", *args, "--gallery", "0", "-q", cwd=tmp_path, timeout=120)
+            assert audit.returncode == 2, (args, audit.stderr)
+            assert f"is being written by pid {holder.pid}" in audit.stderr, (args, audit.stderr)
+        assert not (index / "audit").exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_writer_whose_lock_file_was_deleted_stops_before_writing_again(tmp_path):

@@ -774,3 +774,34 @@ def test_attack_round_26_f1_f2_an_audit_check_that_forks_or_exits(tmp_path, data
     )
     assert json.loads((report / "audit.json").read_text())["checks"]["exits"]["error"] == "it called os._exit(0)"
     assert not (tmp_path / ".report.lock").exists()
+
+
+EXITS_IN_GETATTR = "import os\n\ndef __getattr__(name):\n    os._exit(0)\n"
+VERSION_STR_RAISES = (
+    "class Version:\n    def __str__(self):\n        raise RuntimeError('no str')\n\n__version__ = Version()\n"
+)
+
+
+@pytest.mark.parametrize("source", [EXITS_IN_GETATTR, "def __getattr__(name):\n    raise SystemExit(3)\n"])
+def test_attack_round_27_f3_a_plugin_module_getattr_is_never_asked_by_the_loader(cli, tmp_path, source):
+    """Attack round 27 F3: reading a folder plugin's __version__ called its module-level __getattr__
+    outside the watch: os._exit(0) there ended `train` with exit 0 and nothing written, SystemExit(3)
+    with exit 3. The version is read from the module's dict: the plugin loads, without a version."""
+    folder = _folder(tmp_path / "plugins", {"odd.py": source})
+    result = cli("--plugins-dir", folder, "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    listed = json.loads(result.stdout)
+    assert listed["failed"] == []
+    assert [(p["name"], p["version"]) for p in listed["plugins"] if p["source"] == "folder"] == [("odd", None)]
+
+
+def test_attack_round_27_f3_a_version_whose_str_raises_is_the_plugin_failing_to_load(cli, tmp_path):
+    """Attack round 27 F3: a __version__ whose __str__ raised made `receipt-embed plugins` an
+    internal error naming no plugin; it is that plugin's load failure, and the others still load."""
+    folder = _folder(tmp_path / "plugins", {"odd.py": VERSION_STR_RAISES})
+    result = cli("--plugins-dir", folder, "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    listed = json.loads(result.stdout)
+    assert listed["failed"] == [{"name": "odd", "error": "RuntimeError: no str"}]
+    assert "plugin 'odd' failed to load and was skipped: RuntimeError: no str" in result.stderr
+    assert any(p["name"] == "builtin.losses" for p in listed["plugins"])

@@ -1222,6 +1222,21 @@ def test_a_plugins_dir_that_is_a_fifo_is_named_as_one(cli, tmp_path):
     assert strict.returncode == 2 and "is a FIFO, not a folder (--strict-plugins)" in strict.stderr, strict.stderr
 
 
+def test_attack_round_27_f6_an_empty_plugins_dir_variable_is_refused_as_the_empty_option_is(cli, tmp_path):
+    """Attack round 27 F6: click reads an empty variable as unset, so RECEIPT_EMBED_PLUGINS_DIR=
+    (an unset shell variable) loaded ./plugins, which `--plugins-dir ''` refuses."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "here.py").write_text("")
+    result = cli("plugins", "--json", env={"RECEIPT_EMBED_PLUGINS_DIR": ""}, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "Error: RECEIPT_EMBED_PLUGINS_DIR is set but empty (an unset shell variable?): name a plugins folder or "
+        "unset it\n"
+    )
+    given = cli("--plugins-dir", tmp_path / "plugins", "plugins", "--json", env={"RECEIPT_EMBED_PLUGINS_DIR": ""})
+    assert given.returncode == 0 and '"here"' in given.stdout, given.stderr  # the option wins over the variable
+
+
 def test_a_plugin_name_with_a_backslash_is_escaped_once(cli, tmp_path):
     """Attack round 4: names went through repr() and then printable(), so a backslash showed as four."""
     folder = tmp_path / "p"

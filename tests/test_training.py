@@ -361,6 +361,18 @@ def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
     assert "already holds a run of this sweep: pass --force to sweep every value anew" in again.stderr  # not --resume
     assert not (tmp_path / "sweep" / "loss.temperature=0.5").exists()
     assert (tmp_path / "sweep" / "sweep.json").read_bytes() == record
+    # attack round 27 F11: a sweep of another key into the same --out replaced sweep.json, the first's record
+    other = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, "--sweep", "train.seed=3,4")
+    assert (
+        other.returncode == 2
+        and (
+            f"{tmp_path / 'sweep'} already holds the record of a sweep ({tmp_path / 'sweep' / 'sweep.json'}): pass "
+            "--force to replace it"
+        )
+        in other.stderr
+    )
+    assert not (tmp_path / "sweep" / "train.seed=3").exists()
+    assert (tmp_path / "sweep" / "sweep.json").read_bytes() == record
     # and a sweep dir given to a plain train is named as one, not as a folder of someone else's files
     plain = cli("train", "--data", dataset, "--out", tmp_path / "sweep", "-q", *sets, "--force")
     assert plain.returncode == 2 and "is a sweep dir (a run dir per value, KEY=VALUE), not a run dir" in plain.stderr

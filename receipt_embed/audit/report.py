@@ -95,9 +95,12 @@ def projection(
     subset = np.arange(len(x))
     if len(x) > MAX_PROJECTED:
         subset = np.sort(np.random.default_rng(seed).choice(len(x), MAX_PROJECTED, replace=False))
-    pca = PCA(n_components=2, random_state=seed)
-    points = pca.fit_transform(x[subset])
-    share = np.nan_to_num(pca.explained_variance_ratio_)
+    components = min(2, x.shape[1])  # a 1-D embedding is drawn on a line (its second axis 0)
+    pca = PCA(n_components=components, random_state=seed)
+    points = np.zeros((len(subset), 2))
+    points[:, :components] = pca.fit_transform(x[subset])
+    share = np.zeros(2)
+    share[:components] = np.nan_to_num(pca.explained_variance_ratio_)
     fig, ax = _figure(5.6, 4.2)
     colours = colour_by[subset]
     if identities:

@@ -104,7 +104,8 @@ def run_audit(
     read_meta(index_path)  # a missing index dir is named before the lock makes the report's parent
     # a report inside the index dir (the default INDEX/audit) is a write to the index dir: hold its
     # lock too, so an `index --force` replacing it cannot run at the same time (either one is refused)
-    inside = Path(os.path.abspath(out)).parent == Path(os.path.abspath(index_path))
+    # (resolved: a symlink to the index dir, or a report inside one, is the same dir)
+    inside = Path(os.path.realpath(out)).parent == Path(os.path.realpath(index_path))
     with write_lock(index_path) if inside else nullcontext(), write_lock(out):
         check_replaceable(out, "audit", force)
         figures, html = _audit(

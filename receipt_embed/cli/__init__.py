@@ -324,6 +324,12 @@ def main(ctx: click.Context, plugins_dir: str | None, strict_plugins: bool, debu
     global _debug
     _debug = debug
     warnings.showwarning = _show_warning
+    if plugins_dir is None and os.environ.get("RECEIPT_EMBED_PLUGINS_DIR") == "":  # click reads "" as unset
+        from receipt_embed.cli.app import InputError
+
+        raise InputError(
+            "RECEIPT_EMBED_PLUGINS_DIR is set but empty (an unset shell variable?): name a plugins folder or unset it"
+        )
     ctx.obj = Application(plugins_dir=plugins_dir, strict_plugins=strict_plugins, debug=debug)
 
 

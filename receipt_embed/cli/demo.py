@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,9 +98,15 @@ def demo(ctx, out_dir, samples, quiet, force, config_file, overrides):
         refuse_nested(out, "demo")  # inside a dataset, run or samples dir: refused before its lock is taken there
         with write_lock(out):
             check_demo_out(out, samples)
-            if (out / "run" / "checkpoints" / "last.pt").exists() and not force:
+            held = [name for name in DEMO_STEPS if os.path.lexists(out / name)]
+            if held and not force:  # a failed demo's dataset too: replacing what OUT holds needs --force
+                what = (
+                    "a demo run"
+                    if (out / "run" / "checkpoints" / "last.pt").exists()
+                    else f"a demo's {', '.join(held)}"
+                )
                 raise InputError(
-                    f"{out} already holds a demo run; pass --force to replace it, remove it or pass another --out"
+                    f"{out} already holds {what}; pass --force to replace it, remove it or pass another --out"
                 )
             refuse_current_dir_in(out, replaced_parts(out, samples), "the demo replaces")
             _run_demo(config, registry, out, samples, quiet)

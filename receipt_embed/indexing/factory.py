@@ -35,6 +35,8 @@ PLATEAU = 0.1  # a costlier setting must close at least this share of the gap to
 # HNSW/NSG graph's links per vector as it adds them. Degrees outside these bounds crashed,
 # hung or exhausted memory; FAISS's docs and wiki use HNSW M and NSG R of 4 to 64.
 GRAPH_DEGREES = {"HNSW": (2, 256), "NSG": (8, 256)}  # HNSW0/1 abort or segfault, NSG4 hangs
+# NNDescent, which builds NSG's graph, asserts on 100 vectors or fewer and aborted (SIGABRT) on 120
+NSG_MIN_VECTORS = 500
 MAX_STAGES = 32  # codebooks of a residual (RQ) or additive (LSQ) quantizer
 MAX_CODE_BITS = 16  # bits of one PQ/RQ/LSQ sub-code: 8 is FAISS's default, 2**16 entries a codebook
 MAX_TRANSFORM_GROWTH = 4  # PCA/RR/ITQ/OPQ output dim at most this many times the input dim
@@ -146,6 +148,11 @@ def check_factory_sizes(factory: str, n: int, train_size: int | None = None, dim
                 raise IndexBuildError(
                     f"{name}: {kind}{degree} needs at least {2 * degree} vectors (twice its degree), got {n}; "
                     f"use NSG{max(low, min(32, n // 2))}, HNSW32 or Flat"
+                )
+            if kind == "NSG" and n < NSG_MIN_VECTORS:
+                raise IndexBuildError(
+                    f"{name}: an NSG graph needs at least {NSG_MIN_VECTORS} vectors, got {n} (FAISS's graph build "
+                    "refuses 100 or fewer and aborts the process on a few hundred); use HNSW32 or Flat, as fast at this size"
                 )
     for match in re.finditer(r"Refine\(([^()]*(?:\([^()]*\))?[^()]*)\)", text):
         if re.search(r"IVF|IMI|HNSW|NSG", match[1]):  # FAISS aborts the process searching it

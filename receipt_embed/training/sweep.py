@@ -6,6 +6,7 @@ best val recall@1 (of ``train.select_on`` features) decides.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections import Counter
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from receipt_embed.config import MAX_CONFIG_DEPTH, ConfigError, config_with, key_levels
 from receipt_embed.display import quoted, shortened
+from receipt_embed.errors import BadInput
 from receipt_embed.fileio import atomic_write_json
 from receipt_embed.training.checkpoint import CheckpointError
 from receipt_embed.training.resume import open_run
@@ -125,6 +127,7 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
                 f"value anew, continue that value's run on its own with `receipt-embed train --out "
                 f"{shlex.quote(str(out_dir / run_name(key, value)))} --resume`, or choose another --out"
             ) from None
+    _refuse_an_earlier_sweep(out_dir, force)
     runs = []
     for value, config in zip(values, configs):
         run_dir = out_dir / run_name(key, value)
@@ -153,6 +156,18 @@ def _run_sweep(spec, config, data_dir, out_dir, registry, progress, log, force) 
     }
     atomic_write_json(out_dir / SWEEP_FILE, summary)
     return summary
+
+
+def _refuse_an_earlier_sweep(out_dir: Path, force: bool) -> None:
+    """An OUT/sweep.json of an earlier sweep (of another key, or other values) is its only record of
+    which run won: replaced only with --force (the earlier sweep's run dirs stay)."""
+    record = out_dir / SWEEP_FILE
+    if force or not os.path.lexists(record):
+        return
+    raise BadInput(
+        f"{out_dir} already holds the record of a sweep ({record}): pass --force to replace it "
+        "(that sweep's run dirs stay), or choose another --out"
+    )
 
 
 def _sweep_stopped(exc: TrainingInterrupted, out_dir: Path, run_dir: Path, done: list[str]) -> TrainingInterrupted:

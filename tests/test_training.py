@@ -732,19 +732,19 @@ def test_sampler_auto_picks_the_layout_the_loss_needs(dataset, tmp_path, loss, s
     )
 
 
-def test_auto_epochs_show_the_model_about_thirty_thousand_views(dataset, tmp_path):
-    """`train.epochs: auto` scales the run to the dataset: about 30,000 augmented views, so the 48
+def test_auto_epochs_show_the_model_about_sixty_thousand_views(dataset, tmp_path):
+    """`train.epochs: auto` scales the run to the dataset: about 60,000 augmented views, so the 48
     receipts of data_samples/ get many short epochs and a large dataset a few long ones."""
     from receipt_embed.training.schedule import AUTO_VIEWS, planned_epochs
     from receipt_embed.training.trainer import Trainer
 
-    assert AUTO_VIEWS == 30_000
+    assert AUTO_VIEWS == 60_000
     assert planned_epochs(7, 2, 96) == 7, "a number is kept"
-    assert planned_epochs("auto", 7, 96) == 45  # 214 receipts in batches of 32 x 3 views: 672 views an epoch
-    assert planned_epochs("auto", 157, 96) == 2 and planned_epochs("auto", 400, 96) == 1
+    assert planned_epochs("auto", 7, 96) == 90  # 214 receipts in batches of 32 x 3 views: 672 views an epoch
+    assert planned_epochs("auto", 157, 96) == 4 and planned_epochs("auto", 700, 96) == 1
     config = load_config(overrides=[*TINY, "train.epochs=auto", "loss.name=supcon", "sampler.name=auto"])
     trainer = Trainer(config, dataset, tmp_path / "run", builtin_registry(), progress=False, log=lambda m: None)
-    assert (trainer.steps_per_epoch, trainer.epochs) == (6, math.ceil(30_000 / (6 * 8 * 3)))
+    assert (trainer.steps_per_epoch, trainer.epochs) == (6, math.ceil(60_000 / (6 * 8 * 3)))
     assert trainer.scheduler.lr_lambdas[0](6 * trainer.epochs) == pytest.approx(0.0, abs=1e-12), "annealed at the end"
 
 

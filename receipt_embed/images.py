@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from receipt_embed.errors import BadInput
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, read_regular
+
+# Pillow warns of a damaged EXIF block without naming the file (decoding goes on without it, or the
+# file is rejected by name for its real fault); a line naming no file is noise to whoever reads it.
+# A filter, not catch_warnings: ingest decodes in threads, and catch_warnings is not thread-safe.
+warnings.filterwarnings("ignore", message=r"(Possibly )?[Cc]orrupt EXIF data", module=r"PIL\.")
 
 # Pillow's own decompression-bomb threshold: the default where no config is at hand
 DEFAULT_MAX_PIXELS = 89_478_485

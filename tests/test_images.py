@@ -126,3 +126,26 @@ def test_out_of_memory_while_decoding_names_the_file_and_advice_ingest_can_follo
         "rejects them; ingest decodes up to 4 at once)\n"
     )
     assert not (tmp_path / "ds").exists()
+
+
+def test_attack_round_27_f9_a_damaged_exif_block_prints_no_line_naming_no_file(tmp_path):
+    """Attack round 27 F9: the first 10 bytes of a TIFF made Pillow print `Warning: Corrupt EXIF
+    data. ...` (no file named) before the file's own one-line rejection; only the rejection is said."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (120, 200), "white").save(buffer, format="TIFF")
+    (tmp_path / "t.tif").write_bytes(buffer.getvalue()[:10])
+    program = (
+        "import sys\nfrom receipt_embed.images import ImageRejected, decode_image\n"
+        "try:\n    decode_image(open(sys.argv[1], 'rb').read(), 10**8, name=sys.argv[1])\n"
+        "except ImageRejected as exc:\n    print(exc.reason, exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "default", "-c", program, str(tmp_path / "t.tif")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout == f"not_an_image {tmp_path / 't.tif'}: not a recognised image file\n"
+    assert "EXIF" not in result.stderr, result.stderr

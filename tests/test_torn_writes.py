@@ -62,6 +62,26 @@ def test_complete_metrics_lines_past_the_checkpoint_are_dropped_with_a_warning(t
     assert read_jsonl(metrics) == [{"epoch": 1}, {"epoch": 2}, {"epoch": 7}], "written by the resumed run's epoch"
 
 
+@pytest.mark.parametrize(
+    ("epochs", "line", "message"), [((1, 1), 2, "epoch 1 after epoch 1"), ((1, 3, 2), 3, "epoch 2 after epoch 3")]
+)
+def test_attack_round_27_f10_a_repeated_or_backward_epoch_line_is_refused_on_resume(tmp_path, epochs, line, message):
+    """Attack round 27 F10: a metrics.jsonl holding epoch 1 twice was resumed and kept (epochs 1, 1,
+    2); damage before the last line is an error naming the line, and the file is left as it was."""
+    from receipt_embed.fileio import append_line
+    from receipt_embed.training.checkpoint import CheckpointError
+    from receipt_embed.training.state import drop_unconfirmed_metrics
+
+    metrics = tmp_path / "metrics.jsonl"
+    for epoch in epochs:
+        append_line(metrics, json.dumps({"epoch": epoch}))
+    before = metrics.read_bytes()
+    with pytest.raises(CheckpointError) as info:
+        drop_unconfirmed_metrics(tmp_path, 1)
+    assert str(info.value).startswith(f"{metrics}, line {line}: {message} on line {line - 1}; a run logs each")
+    assert str(info.value).endswith("move the file aside to resume") and metrics.read_bytes() == before
+
+
 def test_attack_round_25_m3_a_refused_resume_leaves_the_metrics_as_they_were(tmp_path, trained):
     """A --resume refused after its torn metrics line was dropped had already rewritten the file, and
     said nothing of what to do; a resume stopped before its first epoch ended did the same."""

@@ -79,6 +79,12 @@ def drop_unconfirmed_metrics(run_dir: Path, epoch: int) -> list[dict] | None:
     bad = [n for n, m in enumerate(rows, start=1) if not isinstance(m, dict) or type(m.get("epoch")) is not int]
     if bad:
         raise CheckpointError(f"{metrics}, line {bad[0]}: not an epoch record; move the file aside to resume")
+    for line, (before, row) in enumerate(zip(rows, rows[1:]), start=2):  # one run logs each epoch once, in order
+        if row["epoch"] <= before["epoch"]:
+            raise CheckpointError(
+                f"{metrics}, line {line}: epoch {row['epoch']} after epoch {before['epoch']} on line {line - 1}; "
+                "a run logs each epoch once, in order, so this log is not one run's: move the file aside to resume"
+            )
     logged = max((m["epoch"] for m in rows), default=0)
     if epoch > logged:  # last.pt is saved after its epoch's line: a checkpoint ahead of the log is not this run's
         torn_line = " (its torn last line dropped)" if torn else ""

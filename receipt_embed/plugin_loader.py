@@ -79,12 +79,6 @@ def _register_signature(name, factory, description=""):
 REGISTER_SIGNATURE = inspect.signature(_register_signature)
 
 
-def _version_text(version) -> str | None:
-    """A folder plugin's ``__version__`` as text, read from its dict (a module-level __getattr__ is
-    never asked), turned into text while its code is watched (its __str__ is plugin code too)."""
-    return None if version is None else str(version)
-
-
 FOLDER_PACKAGE = "receipt_embed_folder_plugins"
 
 
@@ -272,7 +266,10 @@ class PluginLoader:
                 sys.modules[module_name] = module
                 with plugin_code(name, "loading"):
                     exec(compile(source, str(path), "exec"), module.__dict__)
-                    version = _version_text(module.__dict__.get("__version__"))
+                    # from the dict (a module-level __getattr__ is never asked), made text while
+                    # watched (its __str__ is plugin code too)
+                    version = module.__dict__.get("__version__")
+                    version = None if version is None else str(version)
             except PLUGIN_RAISES as exc:
                 sys.modules.pop(module_name, None)
                 missing = getattr(exc, "name", None)

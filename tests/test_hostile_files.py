@@ -343,6 +343,32 @@ def test_index_refuses_replaced_captures_by_size_and_by_content(small_dataset, t
     assert items[0]["bytes"] == len(original) and "mtime_ns" not in items[0]
 
 
+@pytest.mark.parametrize("replacement", ["fifo", "directory", "device_link", "symlink_loop", "deleted"])
+def test_attack_round_28_index_names_what_replaced_a_capture(small_dataset, trained, tmp_path, replacement):
+    """Attack round 28: a capture replaced by a FIFO, a folder, a link to /dev/zero or a symlink
+    loop was "missing ... were they moved?" to `index --data`, though the file is there; it is
+    named by what it is now (as `train` does), and only a deleted one is missing."""
+    _, checkpoint = trained
+    path = Path(load_dataset_dir(small_dataset)[3]["path"])
+    path.unlink()
+    said = {
+        "fifo": (os.mkfifo, "is a FIFO"),
+        "directory": (os.mkdir, "is a directory"),
+        "device_link": (lambda p: os.symlink("/dev/zero", p), "is a character device"),
+        "symlink_loop": (lambda p: os.symlink(p.name, p), "symbolic links"),
+        "deleted": (lambda p: None, "1 capture listed in"),
+    }
+    make, expected = said[replacement]
+    make(path)
+    result = run_cli(
+        "index", "--checkpoint", checkpoint, "--data", small_dataset, "--out", tmp_path / "ix", "-q", timeout=HANG
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr and str(path) in result.stderr, result.stderr
+    assert ("missing" in result.stderr) == (replacement == "deleted"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "ix").exists(), result.stderr
+
+
 # --- search queries and index dirs ------------------------------------------------------
 
 

@@ -153,6 +153,25 @@ def _change_of(row: dict) -> str | None:
     return None
 
 
+def check_captures_present(paths: list[str], manifest) -> None:
+    """Refuse captures gone since ingest (how many, the first) and, by what it is, the first one
+    now a FIFO, directory, device or unresolvable link: a file that is there is never "missing"."""
+    gone = []
+    for path in paths:
+        try:
+            check_regular(path)
+        except UnusableFile as exc:
+            if exc.reason != "missing_file":
+                raise CaptureChanged(f"{exc}, unlike at ingest; {REINGEST}") from None
+            gone.append(path)
+    if gone:
+        count = "1 capture" if len(gone) == 1 else f"{len(gone)} captures"
+        raise FileNotFoundError(
+            f"{count} listed in {manifest} {'is' if len(gone) == 1 else 'are'} missing, first {gone[0]}; "
+            "were they moved since `receipt-embed ingest`? Re-run it"
+        )
+
+
 def verify_captures(rows: list[dict]) -> None:
     """Refuse captures replaced, edited or removed since ingest (one error: the first, and how many)."""
     problems = [problem for problem in map(_change_of, rows) if problem]

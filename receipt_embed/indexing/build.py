@@ -120,17 +120,12 @@ def _index_dataset(
 
 def _present_captures(data_dir, split: str):
     """The split's captures, each still on disk and unchanged since ingest."""
-    from receipt_embed.data.dataset_dir import load_dataset_dir, select_split, verify_captures
+    from receipt_embed.data.dataset_dir import check_captures_present, load_dataset_dir, select_split, verify_captures
 
     captures = select_split(load_dataset_dir(data_dir), split)
     if not len(captures):
         raise BadInput(f"{data_dir} has no captures in split {split!r}")
-    gone = [path for path in captures.paths if not Path(path).is_file()]
-    if gone:
-        raise FileNotFoundError(
-            f"{len(gone)} captures listed in {Path(data_dir) / 'manifest.jsonl'} are missing, "
-            f"first {gone[0]}; were they moved since `receipt-embed ingest`? Re-run it"
-        )
+    check_captures_present(captures.paths, Path(data_dir) / "manifest.jsonl")
     verify_captures(captures.rows)
     return captures
 

@@ -75,7 +75,7 @@ def main() -> None:
             {
                 "encoder": config.model.encoder,
                 "image_size": list(config.data.image_size),
-                "precision": config.train.precision,
+                "precision": trainer.precision,
                 "batch_views": batch_views,
                 "threads": torch.get_num_threads(),
                 "step_ms": round(step * 1000, 1),

@@ -173,7 +173,7 @@ class TrainConfig(_Section):
     weight_decay: Float = Field(ge=0)
     warmup_epochs: Float = Field(ge=0)
     grad_clip: Float = Field(ge=0)
-    precision: Literal["fp32", "bf16"]
+    precision: Literal["auto", "fp32", "bf16"]
     num_workers: Int = Field(ge=0, le=64)  # worker processes; more is a fork bomb, not a speed-up
     deterministic: Bool
     cache_margin: Float = Field(ge=1, le=MAX_CACHE_MARGIN)

@@ -67,7 +67,7 @@ class TrainingStep:
 
     def _loss_of(self, views: torch.Tensor, labels: torch.Tensor):
         """Embed the views and apply the loss (over the gathered global batch when distributed)."""
-        bf16 = self.config.train.precision == "bf16"
+        bf16 = self.precision == "bf16"
         self.model.train()
         buffers = {k: v.clone() for k, v in self.model.named_buffers()} if bf16 else None
         with plugin_errors(self.registry, "encoder", self.config.model.encoder, "embedding a batch"):
@@ -180,7 +180,7 @@ class TrainingStep:
         tips = [f"a lower train.lr (now {train.lr:g})"]
         if train.grad_clip == 0:
             tips.append("train.grad_clip > 0 (now 0: off)")
-        if train.precision == "bf16":
+        if self.precision == "bf16":
             tips.append("train.precision=fp32")
         if temperature and self.config.loss.temperature < 1:
             tips.append(

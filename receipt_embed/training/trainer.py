@@ -47,6 +47,7 @@ from receipt_embed.training.checkpoint import save_checkpoint
 from receipt_embed.training.components import build_components
 from receipt_embed.training.hooks import call_epoch_hooks
 from receipt_embed.training.metrics import describe_epoch, epoch_line, fresh_sums
+from receipt_embed.training.precision import describe_precision, resolve_precision
 from receipt_embed.training.resume import check_same_dataset, dataset_record, open_run
 from receipt_embed.training.rundir import BEST, CONFIG_FILE, DATA_FILE, LAST, METRICS_FILE
 from receipt_embed.training.schedule import AUTO_VIEWS, lr_schedule, planned_epochs
@@ -112,6 +113,7 @@ class Trainer(TrainingStep):
         self.waiting_for = "the step to end"  # what a second stop signal cuts short: said in its line
         self.said_kept = False  # whether a line already said a --force run kept the previous run
         self.confirmed_metrics: list[dict] | None = None  # a resumed run's metrics, rewritten at its first epoch
+        self.precision = resolve_precision(config.train.precision)
         torch.manual_seed(config.train.seed)
         if config.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -237,6 +239,8 @@ class Trainer(TrainingStep):
         self.budget_spent = self.budget.progress()
         if self.config.train.epochs == "auto" and self.ctx.is_main and self.epoch == 0 and self.step == 0:
             self.log(f"train.epochs auto: {epochs} epochs of {self.steps_per_epoch} steps, about {AUTO_VIEWS:,} views")
+        if self.config.train.precision == "auto" and self.ctx.is_main and self.epoch == 0 and self.step == 0:
+            self.log(describe_precision(self.config.train.precision, self.precision))
         if self.epoch >= epochs or self.out_of_time:
             self.log(nothing_to_train(self.run_dir, self.epoch, epochs, self.config.train.max_minutes))
         raise_if_stopped()  # a stop before training whose exception a library swallowed

@@ -296,6 +296,8 @@ def _refuse_aliases(text: str, path: Path | None, where: str | None = None, dept
 _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)\Z")
 # a number YAML 1.1 (the YAML library) reads as text, or a float where a whole number is written: an
 # exponent (1e8, 1.0e8 are text, 1.0e+8 a float) or a sign before the point (-.5 is text)
+# digits grouped in threes (1_000_000) before any point or exponent; YAML 1.1 drops every other _ too
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(_\d{3})+([.eE][^_]*)?\Z")
 _EXPONENT_OR_SIGNED_POINT = re.compile(r"[-+]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)[eE][-+]?\d+\Z|[-+]\.\d[\d_]*\Z")
 _NUMBER_TAG = "tag:receipt-embed,2026:number"
 _LEADING_ZERO = re.compile(r"[-+]?0[\d_]*[89][\d_]*\Z")  # 09: YAML 1.1 reads it as text (not octal, not decimal)
@@ -330,6 +332,9 @@ class _ConfigLoader(yaml.SafeLoader):
 _ConfigLoader.add_constructor(_NUMBER_TAG, lambda loader, node: _written_number(node.value))
 
 
+_NUMERIC_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", _NUMBER_TAG)
+
+
 def _unclear_number(node) -> str | None:
     """Why a plain YAML scalar reads as another number than the digits written, or None: YAML 1.1
     reads ``017`` as octal 15, ``0x1e`` as 30, ``1:30`` (base 60) as 90, ``09`` as text, and
@@ -354,6 +359,12 @@ def _unclear_number(node) -> str | None:
         kind = "base 60" if base_60 else "octal, hexadecimal or binary"
     elif node.tag == "tag:yaml.org,2002:float" and base_60:
         kind = "base 60"
+    elif node.tag in _NUMERIC_TAGS and "_" in node.value and not _THOUSANDS.match(node.value):
+        number = _written_number(node.value) if node.tag == _NUMBER_TAG else yaml.safe_load(node.value)
+        return (
+            f"{shortened(node.value)} reads as {number} in YAML (it drops a _ between any characters); write the "
+            "number without _, or with _ only between groups of three digits (1_000_000), or quote it if it is text"
+        )
     else:
         return None
     return (

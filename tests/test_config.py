@@ -505,7 +505,7 @@ def test_a_number_in_exponent_form_is_a_number_in_files_and_overrides(tmp_path):
     assert (config.ingest.max_pixels, config.data.image_size, config.train.batch_size) == (100_000_000, (128, 64), 25)
     assert (config.loss.temperature, config.loss.params, config.train.lr) == (0.1, {"eps": 0.0025}, 0.0005)
     assert config.ingest.split_ratios == (0.8, 0.1, 0.1)
-    overrides = ["ingest.max_pixels=1e8", "data.image_size=[1.28e2,6.4e+1]", "train.batch_size=1_0e1"]
+    overrides = ["ingest.max_pixels=1e8", "data.image_size=[1.28e2,6.4e+1]", "train.batch_size=1_000e-1"]
     config = load_config(overrides=overrides)
     assert (config.ingest.max_pixels, config.data.image_size, config.train.batch_size) == (100_000_000, (128, 64), 100)
     assert load_config(overrides=["loss.params={scale: 1e3, eps: 1e-3}"]).loss.params == {"scale": 1000, "eps": 0.001}
@@ -599,7 +599,7 @@ def test_attack_round_22_mb7_mb14_mb15_long_values_comments_and_overlong_digits_
     (tmp_path / "huge.yaml").write_text(f"train:\n  lr: -{huge}\n")
     with pytest.raises(ConfigError, match=r"huge.yaml, line 2: -1000.* is beyond the largest number"):
         load_config(tmp_path / "huge.yaml")
-    assert load_config(overrides=["train.epochs=1_0"]).train.epochs == 10
+    assert load_config(overrides=["train.epochs=1_000"]).train.epochs == 1000  # grouped in threes (round 28)
 
 
 def test_attack_round_22_mb11_yaml_merge_keys_are_named_as_such(tmp_path):
@@ -730,3 +730,27 @@ def test_attack_round_27_f4_a_yaml_date_or_set_in_a_config_file_is_named_by_key(
     assert str(info.value) == f"config file {path}: {message}, which a config does not take; quote it if it is text"
     result = cli("config", "--config", path)
     assert result.returncode == 2 and message in result.stderr and "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "value,number", [("5_", "5"), ("0.1_5", "0.15"), ("1_0.5", "10.5"), ("1_0", "10"), ("1_e-3", "0.001")]
+)
+def test_attack_round_28_a_stray_underscore_in_a_number_is_refused(tmp_path, value, number):
+    """Attack round 28: YAML 1.1 drops a _ anywhere in a number, so a typo (`5_`, `0.1_5`) was another
+    value with no word, while the other YAML-only readings (0x10, 1:30, 09) were refused; digits
+    grouped in threes (1_000_000) still read as the number."""
+    message = (
+        f"{value} reads as {number} in YAML (it drops a _ between any characters); write the number without _, "
+        "or with _ only between groups of three digits (1_000_000), or quote it if it is text"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"loss.temperature={value}"])
+    assert str(info.value) == f"--set 'loss.temperature={value}': {message}"
+    path = tmp_path / "c.yaml"
+    path.write_text(f"loss:\n  temperature: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"config file {path}, line 2: {message}"
+    grouped = load_config(overrides=["ingest.max_pixels=1_000_000", "train.lr=1_000e-6", "train.epochs=1_000"])
+    assert (grouped.ingest.max_pixels, grouped.train.lr, grouped.train.epochs) == (1_000_000, 0.001, 1000)
+    assert load_config(overrides=["model.params={name: '5_'}"]).model.params["name"] == "5_", "quoted text is kept"

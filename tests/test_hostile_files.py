@@ -567,9 +567,32 @@ def test_attack_round_22_mb12_a_csv_value_past_the_readers_limit_is_named_as_suc
     with pytest.raises(ManifestError) as info:
         read_manifest(manifest)
     assert str(info.value) == (
-        f"{manifest}, line 3: a value is longer than 131,072 characters, the most a CSV manifest value may have "
-        "(a JSON-lines manifest has no such limit)"
+        f"{manifest}, line 3: a value is longer than 131,072 characters, the most a manifest value may have"
     )
+
+
+def test_attack_round_28_a_json_lines_value_is_held_to_the_csv_limit(tmp_path):
+    """Attack round 28: a JSON-lines manifest took a 10-million-character receipt id, which then
+    filled search's output (22 MB for --k 2) and a 152 MB audit report; it is held to the CSV limit."""
+    from receipt_embed.ingest.manifest import ManifestError, read_manifest
+
+    manifest = tmp_path / "m.jsonl"
+    fits = {"path": "a.jpg", "receipt_id": "r" * 131_072, "device": "phone"}
+    manifest.write_text(
+        json.dumps(fits) + "\n" + json.dumps({**fits, "path": "b.jpg", "merchant": "M" * 131_073}) + "\n"
+    )
+    with pytest.raises(ManifestError) as info:
+        read_manifest(manifest)
+    assert (
+        str(info.value)
+        == f"{manifest}, line 2: the value of 'merchant' has 131,073 characters; a manifest value has at most 131,072"
+    )
+    manifest.write_text(json.dumps(fits) + "\n")
+    assert read_manifest(manifest)[0].fields["receipt_id"] == "r" * 131_072, "the limit itself is taken"
+    manifest.write_text(json.dumps({**fits, "device": "d" * 3_000_000}) + "\n")
+    result = run_cli("ingest", manifest, "--out", tmp_path / "ds2", "-q", timeout=HANG)
+    assert result.returncode == 2 and "'device' has 3,000,000 characters" in result.stderr, result.stderr
+    assert len(result.stderr) < 1000 and not (tmp_path / "ds2").exists()
 
 
 @pytest.mark.parametrize(

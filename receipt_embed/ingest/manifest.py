@@ -182,10 +182,22 @@ def _read_csv(path: Path) -> list[ManifestRow]:
         if "field larger than field limit" in str(exc):  # a value, not the file's syntax
             raise ManifestError(
                 f"{path}, line {start}: a value is longer than {csv.field_size_limit():,} characters, the most a "
-                "CSV manifest value may have (a JSON-lines manifest has no such limit)"
+                "manifest value may have"
             ) from None
         raise ManifestError(f"{path}, line {start}: malformed CSV ({exc})") from None
     return rows
+
+
+def _check_value_lengths(path: Path, number: int, fields: dict) -> None:
+    """A JSON-lines value is held to the CSV reader's limit: a multi-megabyte receipt id or device
+    would be copied into every index, search line and audit report built from it."""
+    limit = csv.field_size_limit()
+    for key, value in fields.items():
+        if isinstance(value, str) and len(value) > limit:
+            raise ManifestError(
+                f"{path}, line {number}: the value of {quoted(key)} has {len(value):,} characters; a manifest "
+                f"value has at most {limit:,}"
+            )
 
 
 def _read_jsonl(path: Path) -> list[ManifestRow]:
@@ -203,6 +215,7 @@ def _read_jsonl(path: Path) -> list[ManifestRow]:
         if len(record) > MAX_COLUMNS:
             raise ManifestError(f"{path}, line {number}: {len(record)} fields; a manifest has at most {MAX_COLUMNS}")
         fields = {k.strip(): (v.strip() if isinstance(v, str) else v) for k, v in record.items()}
+        _check_value_lengths(path, number, fields)
         if len(fields) < len(record):  # " split" and "split": one column once spaces are stripped, as in a CSV
             repeated = sorted({k.strip() for k in record if sum(j.strip() == k.strip() for j in record) > 1})
             raise ManifestError(

@@ -105,6 +105,8 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
         "--set",
         "data.image_size=[64,32]",
         "--set",
+        "train.precision=fp32",
+        "--set",
         "train.batch_size=8",
         "--set",
         "model.head_hidden=64",
@@ -184,10 +186,10 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
         "-q",
         "--set",
         "train.epochs=1",
-        *tiny[:2],
+        *tiny[:4],
         "--set",
         "train.batch_size=7",
-        *tiny[4:],
+        *tiny[6:],
     )
     assert result.returncode == 2 and "does not split over 2 processes" in result.stderr  # checked before launching
     assert "Traceback" not in result.stderr
@@ -219,6 +221,8 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_saves(tmp_path):
             "train.epochs=200",
             "--set",
             "data.image_size=[64,32]",
+            "--set",
+            "train.precision=fp32",
             "--set",
             "train.batch_size=8",
             "--set",
@@ -261,6 +265,8 @@ def test_train_nproc_2_with_moco_keeps_one_queue(cli, tmp_path):
         "train.epochs=1",
         "--set",
         "data.image_size=[64,32]",
+        "--set",
+        "train.precision=fp32",
         "--set",
         "train.batch_size=8",
         "--set",
@@ -321,7 +327,17 @@ def _start_nproc_2(tmp_path: Path, epochs: int) -> tuple[subprocess.Popen, int, 
                 "--out",
                 str(tmp_path / "run"),
             ]
-            + ["--nproc", "2", "-q", "--set", f"train.epochs={epochs}", "--set", "data.image_size=[64,32]"]
+            + [
+                "--nproc",
+                "2",
+                "-q",
+                "--set",
+                f"train.epochs={epochs}",
+                "--set",
+                "data.image_size=[64,32]",
+                "--set",
+                "train.precision=fp32",
+            ]
             + ["--set", "train.batch_size=8", "--set", "model.head_hidden=64", "--set", "model.head_dim=32"],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -361,7 +377,7 @@ def test_kill_9_of_the_launcher_stops_its_ranks_and_a_second_writer_never_mixes_
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["world_size"] == 2
     result = cli(
         "train", "--data", tmp_path / "ds", "--out", tmp_path / "run", "--force", "-q", "--set", "train.epochs=1",
-        "--set", "data.image_size=[64,32]", "--set", "train.batch_size=8", "--set", "model.head_hidden=64",
+        "--set", "data.image_size=[64,32]", "--set", "train.precision=fp32", "--set", "train.batch_size=8", "--set", "model.head_hidden=64",
         "--set", "model.head_dim=32", timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

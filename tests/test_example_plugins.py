@@ -108,6 +108,8 @@ def test_train_uses_the_example_from_the_repository_root(cli, tmp_path, name):
         "--set",
         "data.image_size=[64,32]",
         "--set",
+        "train.precision=fp32",
+        "--set",
         "train.batch_size=8",
         "--set",
         "model.head_hidden=64",

@@ -85,6 +85,8 @@ TAMPERED = {
         "index.json has keys that format version 1 does not have ('exact_override', 'zz'): it was edited",
     ),
     "unknown features": (lambda d: edit_meta(d, lambda m: m.update(features="pixels")), "features is a str"),
+    # attack round 29: search read the missing key as an internal error (KeyError)
+    "features missing": (lambda d: edit_meta(d, lambda m: m.pop("features")), "index.json lacks features"),
     # attack round 22 MC6: each was accepted whatever it held
     "metric not inner product": (
         lambda d: edit_meta(d, lambda m: m.update(metric="L2")),
@@ -139,7 +141,9 @@ def test_edited_index_dirs_are_named_not_crashed_on(small_index, tmp_path, case)
     assert message in str(caught.value) and str(index) in str(caught.value)
 
 
-@pytest.mark.parametrize("case", ["receipt_id a number", "structured embeddings", "count as a string"])
+@pytest.mark.parametrize(
+    "case", ["receipt_id a number", "structured embeddings", "count as a string", "features missing"]
+)
 def test_search_and_audit_exit_2_on_edited_index_dirs(small_index, tmp_path, case):
     change, message = TAMPERED[case]
     index = copy_index(small_index, tmp_path / "index")
@@ -518,9 +522,11 @@ def _shard_items(shard, change):
         (lambda s: _edit_shard(s, lambda m: m.update(files=["embeddings.npy"])), "shard.json: files is a list"),
         (lambda s: _edit_shard(s, lambda m: m.update(shard="1")), "shard.json: shard is a str"),
         (lambda s: _edit_shard(s, lambda m: m.pop("total")), "shard.json lacks 'total'"),
+        # attack round 29: index-merge said only "Error: 'features'"
+        (lambda s: _edit_shard(s, lambda m: m.pop("features")), "shard.json lacks 'features'"),
         (lambda s: _shard_items(s, lambda text: text.replace('"r1"', "1")), "items.jsonl, row 1 (0-based): receipt_id"),
     ],
-    ids=["files a list", "shard a string", "no total", "receipt_id a number"],
+    ids=["files a list", "shard a string", "no total", "no features", "receipt_id a number"],
 )
 def test_index_merge_names_edited_shards(tmp_path, change, message):
     shards = _shards(tmp_path)
@@ -977,3 +983,22 @@ def test_an_ivf_index_of_no_lists_is_refused_at_load(small_index, tmp_path):
     with pytest.raises(IndexDirError, match="index.faiss is an IVF index with no lists; build it again with IVF1"):
         load_index_dir(index)
     assert sha256_file(index / "index.faiss")
+
+
+def test_near_identical_rows_swapped_in_embeddings_are_refused(tmp_path):
+    """Attack round 29: two rows within a cosine of 1e-3 of each other (an under-trained model, two
+    captures of one receipt) could trade places in embeddings.npy, checksums resealed, unseen by
+    searching the index for them; the Flat index's stored vectors are compared instead."""
+    rows = [{"path": f"img{i}.jpg", "receipt_id": f"r{i // 2}", "device": "d"} for i in range(8)]
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    vectors = np.random.default_rng(2).normal(size=(8, 16)).astype(np.float32)
+    vectors[1] = vectors[0] + 1e-3 * vectors[5]  # cosine about 0.999999 with row 0
+    np.save(tmp_path / "vectors.npy", vectors)
+    index_embeddings(tmp_path / "vectors.npy", tmp_path / "manifest.jsonl", tmp_path / "index")
+    index = tmp_path / "index"
+    stored = np.load(index / "embeddings.npy")
+    assert float(stored[0] @ stored[1]) > 1 - 1e-3  # what the search-based check lets through
+    load_index_dir(index)  # untouched, it loads
+    _embeddings(stored[[1, 0, 2, 3, 4, 5, 6, 7]])(index)
+    with pytest.raises(IndexDirError, match=r"its vector 0 differs from row 0 of embeddings.npy by up to .* \(2 of 8"):
+        load_index_dir(index)

@@ -122,7 +122,7 @@ def check_shard_meta(meta, shard_path: Path, error) -> None:
     """shard.json: what index-merge reads, by type (files: {name: sha256})."""
     if not isinstance(meta, dict):
         raise error(f"{shard_path} holds {_kind(meta)}, not the object `index --shard` writes; re-run that shard")
-    for key in (*SHARD_INTS, *SHARD_STRINGS, "files"):
+    for key in (*SHARD_INTS, *SHARD_STRINGS, "features", "files"):
         if key not in meta:
             raise error(f"{shard_path} lacks {key!r}; re-run that shard")
     wrong = next((key for key in SHARD_INTS if not _is_int(meta[key]) or meta[key] < 0), None)
@@ -265,6 +265,8 @@ def check_index_holds_rows(index, embeddings: np.ndarray, meta: dict, index_path
             f"{index_path}: searching it for row {int(rows[miss])} of embeddings.npy returns row {int(ids[miss, 0])}, "
             "whose stored vector is another: the index's rows are not the items' rows (reordered or replaced)"
         )
+    if exact:
+        _check_stored_vectors(index, rows, queries, index_path, error)
     recall = meta.get("recall_at_10")
     expected = float(recall) if isinstance(recall, (int, float)) and 0 < recall <= 1 else 1.0
     if not exact and hits.mean() < SELF_HIT_SHARE * expected:
@@ -272,6 +274,28 @@ def check_index_holds_rows(index, embeddings: np.ndarray, meta: dict, index_path
             f"{index_path}: searching it for {len(rows)} of its stored rows finds only {int(hits.sum())} of them "
             f"among their {k} nearest (index.json records recall@10 {expected:.3f}): the index's rows are not "
             "the items' rows (reordered or replaced)"
+        )
+
+
+# a Flat index keeps the very float32 vectors it was given; anything past rounding is an edit
+STORED_VECTOR_SLACK = 1e-5
+
+
+def _check_stored_vectors(index, rows: np.ndarray, queries: np.ndarray, index_path: Path, error) -> None:
+    """An exact index holds row i's vector itself: compare the sampled rows with what it stores.
+    Searching alone lets two near-identical rows (cosine within 1e-3: an under-trained model, two
+    captures of one receipt) trade places unseen."""
+    try:
+        stored = index.reconstruct_batch(rows)
+    except RuntimeError:  # an index type that cannot give its vectors back: searching is the check
+        return
+    off = np.abs(np.asarray(stored, dtype=np.float32) - queries).max(axis=1)
+    bad = np.flatnonzero(off > STORED_VECTOR_SLACK)
+    if len(bad):
+        raise error(
+            f"{index_path}: its vector {int(rows[bad[0]])} differs from row {int(rows[bad[0]])} of embeddings.npy "
+            f"by up to {off[bad[0]]:.2g} ({len(bad)} of {len(rows)} sampled rows): the index's rows are not the "
+            "items' rows (reordered or replaced)"
         )
 
 

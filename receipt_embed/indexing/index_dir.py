@@ -194,7 +194,7 @@ def read_meta(path: str | Path) -> dict:
             f"({shortened(', '.join(map(quoted, unknown)))}): it was edited, or written by another receipt-embed; "
             "rebuild the index with `receipt-embed index`"
         )
-    missing = [key for key in ("count", "dim", "factory", "files", "source") if key not in meta]
+    missing = [key for key in ("count", "dim", "factory", "features", "files", "source") if key not in meta]
     if "source" in meta and not isinstance(meta["source"], dict):
         raise IndexDirError(
             f"{meta_path}: source is {type(meta['source']).__name__}, not an object: rebuild the "

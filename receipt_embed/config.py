@@ -139,6 +139,7 @@ class ModelConfig(_Section):
     head_dim: Width
     bn_momentum: Float = Field(gt=0, le=1)
     input_norm: Literal["fixed", "per_image"]
+    whiten: Bool = False  # a checkpoint written before the key existed loads without whitening, as it was trained
     params: Params = Field(default_factory=dict)  # extra keyword arguments for the encoder plugin
 
 

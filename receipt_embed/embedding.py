@@ -135,7 +135,7 @@ def _refuse_blank(images: np.ndarray, paths: list[str], start: int, page_crop: b
 def embedding_dim(loaded: LoadedModel, features: str = "backbone") -> int:
     """The length of the ``features`` embeddings the model gives, known before any image is embedded."""
     with forks_end_here():  # a plugin encoder's property
-        return loaded.model.head.out_dim if features == "head" else loaded.model.encoder.feature_dim
+        return loaded.model.head.out_dim if features == "head" else loaded.model.feature_dim
 
 
 def _encoder_errors(loaded: LoadedModel):

@@ -74,6 +74,8 @@ def test_run_dir_contents(dataset, tmp_path):
     from receipt_embed.evaluation.retrieval import retrieval_metrics
 
     loaded = load_model(run / "checkpoints" / "best.pt", builtin_registry())
+    assert bool(loaded.model.whitening.fitted)  # model.whiten: fitted after the last epoch
+    loaded.model.whitening.reset()  # the epochs were chosen on the features before whitening
     val = select_split(load_dataset_dir(dataset), "val")
     best_line = lines[result.best_epoch - 1]["val"]
     for features in ("backbone", "head"):

@@ -38,7 +38,9 @@ def build_model(
             weights_fit(sketch.state_dict())
         encoder = _build_encoder(config, registry, from_checkpoint)
         _check_head_size(encoder, config)
-        model = Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
+        model = Embedder(
+            encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm, config.model.whiten
+        )
         set_batchnorm_momentum(model, config.model.bn_momentum)
     return model
 
@@ -78,7 +80,9 @@ def _sketch(config: Config, registry) -> Embedder | None:
         )
     _check_head_size(encoder, config)
     with torch.device("meta"):
-        return Embedder(encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm)
+        return Embedder(
+            encoder, config.model.head_hidden, config.model.head_dim, config.model.input_norm, config.model.whiten
+        )
 
 
 def _check_head_size(encoder: torch.nn.Module, config: Config) -> None:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from receipt_embed.errors import BadInput
+from receipt_embed.models.whitening import Whitening
 
 
 class ProjectionHead(nn.Module):
@@ -39,7 +40,9 @@ def standardize_per_image(images: torch.Tensor, eps: float = 1e-3) -> torch.Tens
 class Embedder(nn.Module):
     """``forward(images)`` -> (features, projections)."""
 
-    def __init__(self, encoder: nn.Module, head_hidden: int, head_dim: int, input_norm: str = "fixed"):
+    def __init__(
+        self, encoder: nn.Module, head_hidden: int, head_dim: int, input_norm: str = "fixed", whiten: bool = False
+    ):
         super().__init__()
         if not hasattr(encoder, "feature_dim"):
             raise TypeError(f"encoder {type(encoder).__name__} must expose feature_dim")
@@ -48,12 +51,21 @@ class Embedder(nn.Module):
         self.encoder = encoder
         self.head = ProjectionHead(encoder.feature_dim, head_hidden, head_dim)
         self.input_norm = input_norm
+        # learned whitening of the features (model.whiten), fitted after training; the identity until then
+        self.whitening = Whitening(encoder.feature_dim) if whiten else None
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.input_norm == "per_image":
             images = standardize_per_image(images)
         features = self.encoder(images)
-        return features, self.head(features)
+        projections = self.head(features)
+        return (features if self.whitening is None else self.whitening(features)), projections
+
+    @property
+    def feature_dim(self) -> int:
+        """The length of the backbone features ``forward`` gives (whitening may change it)."""
+        dim = self.encoder.feature_dim
+        return dim if self.whitening is None else self.whitening.dim_for(dim)
 
 
 def set_batchnorm_momentum(model: nn.Module, momentum: float) -> None:

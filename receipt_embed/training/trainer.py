@@ -54,6 +54,7 @@ from receipt_embed.training.schedule import AUTO_VIEWS, lr_schedule, planned_epo
 from receipt_embed.training.signals import stop_on_signals
 from receipt_embed.training.state import restore_state, run_state
 from receipt_embed.training.step import TrainingDiverged, TrainingStep
+from receipt_embed.training.whitening import fit_run_whitening
 
 __all__ = ["TrainResult", "Trainer", "TrainingDiverged", "TrainingInterrupted", "train"]
 
@@ -185,6 +186,8 @@ class Trainer(TrainingStep):
 
     def _restore(self, state: dict) -> None:
         restore_state(self, state, self.run_dir / LAST)
+        if self.model.whitening is not None:  # fitted for the features of the run as it ended: refitted at its end
+            self.model.whitening.reset()
         self.budget.spent_before = state.get("spent_seconds", 0.0)
         if self.epoch < self.epochs and self.budget.progress() < 1.0:  # a finished run says "nothing to train"
             self.log(f"resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
@@ -260,6 +263,14 @@ class Trainer(TrainingStep):
                             f"after epoch {self.epoch}; continue with --resume",
                             received[0] if received else None,
                         )
+                if self.config.model.whiten and self.ctx.is_main:
+                    self._whiten()
+                    if received:  # a stop while fitting: it ran to its end (seconds), and the run is complete
+                        raise TrainingInterrupted(
+                            f"{received[0]} received while whitening: the run is complete, its checkpoints whitened",
+                            received[0],
+                            True,
+                        )
             except StoppedBySignal as stop:  # a second stop signal: it did not wait for the step to end
                 raise self._stopped_at_once(stop) from None
         if self.out_of_time and result.metrics:
@@ -267,6 +278,13 @@ class Trainer(TrainingStep):
         result.best_epoch = self.best["epoch"] if self.best else None
         result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
         return result
+
+    def _whiten(self) -> None:
+        """Fit model.whiten for best.pt and last.pt, which ``index`` and a later run read."""
+        checkpoints = [self.run_dir / name for name in (BEST, LAST) if (self.run_dir / name).is_file()]
+        if checkpoints:
+            self.waiting_for = "the whitening fit to end"
+            fit_run_whitening(self, checkpoints)
 
     def _stopped_at_once(self, stop: StoppedBySignal) -> TrainingInterrupted:
         last = self.run_dir / LAST

@@ -1,0 +1,65 @@
+"""Fitting ``model.whiten`` at the end of a run: each checkpoint gets the learned whitening of its
+own backbone features on the clean training captures (receipt_embed.models.whitening says why)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from receipt_embed.evaluation.retrieval import retrieval_metrics
+from receipt_embed.evaluation.validation import embed_cache
+from receipt_embed.locking import check_still_held
+from receipt_embed.models.whitening import CannotWhiten, fit_whitening
+from receipt_embed.training.checkpoint import load_checkpoint, save_checkpoint
+
+WHITENING_KEYS = ("whitening.mean", "whitening.projection", "whitening.fitted")
+
+
+def fit_checkpoint_whitening(trainer, checkpoint: Path) -> str | None:
+    """Fit the whitening of ``checkpoint``'s model on the trainer's training captures and write it
+    back (atomically); returns the val recall@1 change as a phrase, or None when val cannot tell.
+    Raises CannotWhiten when the training captures cannot show a receipt's spread."""
+    state = load_checkpoint(checkpoint)
+    model = copy.deepcopy(trainer.model)
+    model.load_state_dict(state["model"])
+    model.whitening.reset()
+    config = trainer.config
+    features, _ = embed_cache(model, trainer.train_cache, config)
+    mean, projection = fit_whitening(features, trainer.train_set.labels, model.whitening.out_dim)
+    before = _val_recall(model, trainer)
+    model.whitening.set(mean, projection)
+    after = _val_recall(model, trainer)
+    said = None if before is None or after is None else f"val recall@1 {before:.3f} -> {after:.3f}"
+    weights = model.state_dict()
+    for key in WHITENING_KEYS:
+        state["model"][key] = weights[key].clone()
+    check_still_held(trainer.run_dir)
+    save_checkpoint(checkpoint, state)
+    return said
+
+
+@torch.no_grad()
+def _val_recall(model, trainer) -> float | None:
+    """None without val captures, or when no val receipt has two (nothing to find)."""
+    if not len(trainer.val_set):
+        return None
+    features, _ = embed_cache(model, trainer.val_cache, trainer.config)
+    return retrieval_metrics(features, np.asarray(trainer.val_set.labels), ks=(1,), with_map=False)["recall_at_1"]
+
+
+def fit_run_whitening(trainer, checkpoints: list[Path]) -> None:
+    """Whiten each of a finished run's checkpoints and say so in one line."""
+    try:
+        said = [fit_checkpoint_whitening(trainer, path) for path in checkpoints]
+    except CannotWhiten as exc:
+        trainer.log(f"model.whiten: the backbone features were not whitened: {exc}")
+        return
+    captures, receipts = len(trainer.train_set), len(trainer.train_set.identities)
+    names = ", ".join(path.name for path in checkpoints)
+    best = f" ({said[0]}, {checkpoints[0].name})" if said and said[0] else ""
+    trainer.log(
+        f"whitened the backbone features of {names} on {captures} training captures of {receipts} receipts{best}"
+    )

@@ -76,14 +76,15 @@ def fit_whitening(features: np.ndarray, labels, dims: int, shrink: float = SHRIN
     labels = np.asarray(labels)
     mean = x.mean(axis=0)
     centred = x - mean
-    deviations = [
-        centred[labels == label] - centred[labels == label].mean(axis=0)
-        for label in np.unique(labels)
-        if (labels == label).sum() >= 2
-    ]
-    if not deviations:
+    # each capture's deviation from its receipt's mean, in one pass (a loop over receipts that masks all
+    # captures each time is quadratic: minutes for 100,000 captures)
+    _, receipt, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    sums = np.zeros((len(counts), centred.shape[1]))
+    np.add.at(sums, receipt, centred)
+    shared = counts[receipt] >= 2
+    if not shared.any():
         raise CannotWhiten("no training receipt has two captures")
-    deviations = np.concatenate(deviations)
+    deviations = (centred - (sums / counts[:, None])[receipt])[shared]
     scatter = deviations.T @ deviations / len(deviations)
     values, vectors = np.linalg.eigh(scatter)
     values = np.maximum(values, 0.0)

@@ -59,6 +59,9 @@ TINY_TRAINING = [
     # NaN gradients now and then (test_bf16_autocast_trains_with_float32_weights); train.precision
     # auto is bf16 on a CPU with native bf16, so tiny runs pin fp32 to stay exact
     "train.precision=fp32",
+    # the page crop (GrabCut) costs about 35 ms a capture, most of a tiny run and of every index and
+    # search of its checkpoint; tests/test_page_crop.py and the demo's tests run it
+    "data.page_crop=false",
     "train.epochs=1",  # last: some tests replace it (TINY_TRAINING[:-1])
 ]
 

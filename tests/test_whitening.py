@@ -129,3 +129,19 @@ def test_train_says_it_whitened_and_whiten_false_leaves_the_features_raw(tmp_pat
     raw = run_cli("train", "--data", tmp_path / "ds", "--out", tmp_path / "raw", *sets, "--set=model.whiten=false")
     assert raw.returncode == 0 and "whitened" not in raw.stderr, raw.stderr
     assert not any(k.startswith("whitening.") for k in load_checkpoint(tmp_path / "raw/checkpoints/best.pt")["model"])
+
+
+def test_a_fit_is_reused_only_for_the_same_weights(whitened):
+    """best.pt and last.pt of one epoch share a fit; any other weight, however small the change, gets its own."""
+    from receipt_embed.training.whitening import _weights_digest
+
+    _, best = whitened
+    weights = load_checkpoint(best)["model"]
+    same = {k: v.clone() for k, v in weights.items()}
+    same["whitening.projection"] = torch.zeros_like(same["whitening.projection"])  # the fit itself is not the key
+    assert _weights_digest(same) == _weights_digest(weights)
+    name = next(k for k, v in weights.items() if v.is_floating_point() and not k.startswith("whitening."))
+    changed = {k: v.clone() for k, v in weights.items()}
+    first = changed[name].view(-1)[:1]
+    first.copy_(torch.nextafter(first, first + 1))  # one float32 step
+    assert _weights_digest(changed) != _weights_digest(weights)

@@ -4,6 +4,7 @@ own backbone features on the clean training captures (receipt_embed.models.white
 from __future__ import annotations
 
 import copy
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -18,27 +19,45 @@ from receipt_embed.training.checkpoint import load_checkpoint, save_checkpoint
 WHITENING_KEYS = ("whitening.mean", "whitening.projection", "whitening.fitted")
 
 
-def fit_checkpoint_whitening(trainer, checkpoint: Path) -> str | None:
+def fit_checkpoint_whitening(trainer, checkpoint: Path, fitted: dict | None = None) -> str | None:
     """Fit the whitening of ``checkpoint``'s model on the trainer's training captures and write it
     back (atomically); returns the val recall@1 change as a phrase, or None when val cannot tell.
+    ``fitted`` remembers fits by the weights they were made for: best.pt and last.pt are often the
+    same epoch, and the fit (an embedding pass and two eigendecompositions) is then made once.
     Raises CannotWhiten when the training captures cannot show a receipt's spread."""
     state = load_checkpoint(checkpoint)
     model = copy.deepcopy(trainer.model)
     model.load_state_dict(state["model"])
     model.whitening.reset()
-    config = trainer.config
-    features, _ = embed_cache(model, trainer.train_cache, config)
-    mean, projection = fit_whitening(features, trainer.train_set.labels, model.whitening.out_dim)
-    before = _val_recall(model, trainer)
+    fitted = {} if fitted is None else fitted
+    key = _weights_digest(state["model"])
+    if key not in fitted:
+        features, _ = embed_cache(model, trainer.train_cache, trainer.config)
+        mean, projection = fit_whitening(features, trainer.train_set.labels, model.whitening.out_dim)
+        before = _val_recall(model, trainer)
+        model.whitening.set(mean, projection)
+        after = _val_recall(model, trainer)
+        said = None if before is None or after is None else f"val recall@1 {before:.3f} -> {after:.3f}"
+        fitted[key] = (mean, projection, said)
+    mean, projection, said = fitted[key]
     model.whitening.set(mean, projection)
-    after = _val_recall(model, trainer)
-    said = None if before is None or after is None else f"val recall@1 {before:.3f} -> {after:.3f}"
     weights = model.state_dict()
     for key in WHITENING_KEYS:
         state["model"][key] = weights[key].clone()
     check_still_held(trainer.run_dir)
     save_checkpoint(checkpoint, state)
     return said
+
+
+def _weights_digest(weights: dict) -> str:
+    """sha256 of a model's weights and buffers, the whitening's own left out."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        if name not in WHITENING_KEYS:
+            tensor = weights[name].detach().cpu().contiguous()
+            digest.update(name.encode() + str(tensor.dtype).encode() + str(tuple(tensor.shape)).encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 @torch.no_grad()
@@ -53,7 +72,8 @@ def _val_recall(model, trainer) -> float | None:
 def fit_run_whitening(trainer, checkpoints: list[Path]) -> None:
     """Whiten each of a finished run's checkpoints and say so in one line."""
     try:
-        said = [fit_checkpoint_whitening(trainer, path) for path in checkpoints]
+        fitted: dict = {}
+        said = [fit_checkpoint_whitening(trainer, path, fitted) for path in checkpoints]
     except CannotWhiten as exc:
         trainer.log(f"model.whiten: the backbone features were not whitened: {exc}")
         return

@@ -253,6 +253,9 @@ def _explain(error: dict) -> str:
         close = difflib.get_close_matches(loc[-1], siblings, n=1)
         prefix = ".".join(loc[:-1])
         hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
+        if not close and not prefix:  # a section's key without its section: `max_minutes` for `train.max_minutes`
+            owners = [section for section in siblings if loc[-1] in _schema_fields(Config, [section])]
+            hint = f"; did you mean '{owners[0]}.{loc[-1]}'?" if len(owners) == 1 else hint
         valid = ", ".join(siblings)
         return f"unknown config key '{key}'{hint} (valid keys here: {valid})"
     if error["type"] == "missing":

@@ -70,6 +70,7 @@ def test_resolved_config_round_trips(tmp_path):
     [
         ("train.epoch=5", "unknown config key 'train.epoch'; did you mean 'train.epochs'?"),
         ("trian.epochs=5", "unknown config key 'trian'; did you mean 'train'?"),
+        ("max_minutes=1", "unknown config key 'max_minutes'; did you mean 'train.max_minutes'?"),
         ("loss.temperature=0", "config key 'loss.temperature': Input should be greater than 0"),
         ("train.epochs=many", "config key 'train.epochs': a positive whole number of epochs, or auto, got 'many'"),
         ("ingest.split_ratios=[0.5,0.5,0.5]", "must be three non-negative numbers summing to 1"),

@@ -356,6 +356,13 @@ def test_bad_search_params_and_incomplete_source_are_clear_errors(heldout_index,
             load_index_dir(broken)
     with pytest.raises(IndexDirError, match="does not exist"):
         load_index_dir(tmp_path / "nowhere")
+    run = tmp_path / "a_run"  # a training run where an index dir belongs: say how to get one from it
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    with pytest.raises(IndexDirError) as info:
+        load_index_dir(run)
+    assert f"{run} is a training run, not an index dir" in str(info.value)
+    assert f"receipt-embed index --checkpoint {run / 'checkpoints' / 'best.pt'} --data DATASET_DIR" in str(info.value)
 
 
 def test_index_files_get_the_usual_permissions(heldout_index):

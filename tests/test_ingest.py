@@ -369,6 +369,24 @@ def test_a_dataset_dir_given_as_source_is_named_as_one(cli, tmp_path):
         assert "rename" not in result.stderr and not (tmp_path / "again").exists()
 
 
+def test_a_captures_folder_given_as_a_dataset_dir_says_to_ingest_it_first(tmp_path):
+    """The converse of the test above, met in a new-user trial: `train --data my_receipts` (the folder
+    with manifest.csv) said only that manifest.jsonl was not found."""
+    from receipt_embed.data.dataset_dir import load_dataset_dir
+
+    (tmp_path / "caps").mkdir()
+    (tmp_path / "caps" / "a0.jpg").write_bytes(_jpeg(0))
+    _write_csv(tmp_path / "caps", ["a0.jpg,r1,phone"])
+    with pytest.raises(FileNotFoundError) as info:
+        load_dataset_dir(tmp_path / "caps")
+    assert str(info.value) == (
+        f"{tmp_path / 'caps' / 'manifest.jsonl'} not found: {tmp_path / 'caps'} holds a manifest.csv, not a dataset "
+        f"dir; ingest it first, `receipt-embed ingest {tmp_path / 'caps'} --out DATASET_DIR`, and pass DATASET_DIR"
+    )
+    with pytest.raises(FileNotFoundError, match="is .* a dataset dir written by `receipt-embed ingest`"):
+        load_dataset_dir(tmp_path / "empty")
+
+
 def test_case_mismatch_in_header_gets_a_hint(tmp_path):
     (tmp_path / "m.csv").write_text("Path,Receipt_ID,device\na.jpg,r1,d\n")
     with pytest.raises(ManifestError, match=r"case-sensitive: rename 'Path' -> 'path', 'Receipt_ID' -> 'receipt_id'"):

@@ -51,6 +51,11 @@ def _load_dataset_dir_once(path: str | Path) -> list[dict]:
     except UnusableFile as exc:
         if exc.reason != "missing_file":
             raise
+        if (Path(path) / "manifest.csv").is_file():  # the captures' own folder, not yet ingested
+            raise FileNotFoundError(
+                f"{manifest} not found: {path} holds a manifest.csv, not a dataset dir; ingest it first, "
+                f"`receipt-embed ingest {path} --out DATASET_DIR`, and pass DATASET_DIR"
+            ) from None
         raise FileNotFoundError(
             f"{manifest} not found: is {path} a dataset dir written by `receipt-embed ingest`?"
         ) from None

@@ -172,6 +172,11 @@ def read_meta(path: str | Path) -> dict:
         meta = parse_json(read_regular_text(meta_path, MAX_META_BYTES))
     except UnusableFile as exc:
         if exc.reason == "missing_file":
+            if (path / "checkpoints").is_dir() and (path / "config.yaml").is_file():
+                raise IndexDirError(
+                    f"{path} is a training run, not an index dir: index with its checkpoint first, "
+                    f"`receipt-embed index --checkpoint {path / 'checkpoints' / 'best.pt'} --data DATASET_DIR --out INDEX_DIR`"
+                ) from None
             raise IndexDirError(
                 f"{meta_path} not found: {path} is not a complete index dir (was `receipt-embed index` interrupted?)"
             ) from None

@@ -241,7 +241,8 @@ class Trainer(TrainingStep):
         self.budget.start()
         self.budget_spent = self.budget.progress()
         if self.config.train.epochs == "auto" and self.ctx.is_main and self.epoch == 0 and self.step == 0:
-            self.log(f"train.epochs auto: {epochs} epochs of {self.steps_per_epoch} steps, about {AUTO_VIEWS:,} views")
+            steps = f"{self.steps_per_epoch} step" + ("" if self.steps_per_epoch == 1 else "s")
+            self.log(f"train.epochs auto: {epochs} epochs of {steps}, about {AUTO_VIEWS:,} views")
         if self.config.train.precision == "auto" and self.ctx.is_main and self.epoch == 0 and self.step == 0:
             self.log(describe_precision(self.config.train.precision, self.precision))
         if self.epoch >= epochs or self.out_of_time:

@@ -234,3 +234,33 @@ def test_a_memory_limit_too_small_to_load_torch_is_one_line_and_exit_2(tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("Error: out of memory (a memory limit such as `ulimit -v`"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "index"])
+def test_a_manifest_given_as_data_names_the_folder_or_command_to_pass(command, tmp_path):
+    """Met in a new-user trial: `index --data data_samples/manifest.csv` got only click's "is a file"."""
+    from click.testing import CliRunner
+
+    from receipt_embed.cli import main
+
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "manifest.jsonl").write_text("{}\n")
+    (tmp_path / "notes.txt").write_text("x")
+    said = {}
+    for given in (REPO / "data_samples" / "manifest.csv", tmp_path / "ds" / "manifest.jsonl", tmp_path / "notes.txt"):
+        result = CliRunner().invoke(main, [command, "--data", str(given), "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2, result.output
+        said[given.name] = " ".join(result.output.split())
+    samples = REPO / "data_samples"
+    assert (
+        f"{samples / 'manifest.csv'} is a file, not a dataset dir: ingest the captures it lists first, "
+        f"`receipt-embed ingest {samples} --out DATASET_DIR`, and pass DATASET_DIR" in said["manifest.csv"]
+    )
+    assert (
+        f"is a dataset dir's manifest, not the dataset dir: pass its folder, {tmp_path / 'ds'}"
+        in said["manifest.jsonl"]
+    )
+    assert (
+        "notes.txt is a file, not a dataset dir (the folder `receipt-embed ingest --out` writes)" in said["notes.txt"]
+    )
+    assert not (tmp_path / "out").exists()

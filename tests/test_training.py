@@ -700,7 +700,14 @@ def test_a_time_budget_stops_training_annealed_and_resume_carries_the_time_spent
     assert lines[-1]["budget_spent"] == 1.0 and all(line["budget_spent"] < 1.0 for line in lines[:-1])
     assert lines[-1]["lr"] < 0.1 * config.train.lr, "annealed at the end, not near the peak"
     assert len(lines) < 200 and (tmp_path / "run" / "checkpoints" / "best.pt").exists()
-    assert any(m.startswith(f"time budget of {budget:g} min (train.max_minutes) spent in epoch") for m in logged)
+    said_budget = [
+        i for i, m in enumerate(logged) if m.startswith(f"time budget of {budget:g} min (train.max_minutes)")
+    ]
+    said_whitened = [i for i, m in enumerate(logged) if m.startswith("whitened the backbone features of best.pt")]
+    assert len(said_budget) == len(said_whitened) == 1 and said_budget < said_whitened, logged  # why it stopped, first
+    record = tmp_path / "run" / "whitening.json"
+    fits = json.loads(record.read_text())
+    assert set(fits["checkpoints"]) == {"best.pt", "last.pt"} and fits["training_receipts"] >= 2
     assert took < 60 * budget + 30, "stops soon after the budget (evaluation and caching on top)"
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert state["spent_seconds"] >= 60 * budget
@@ -709,6 +716,8 @@ def test_a_time_budget_stops_training_annealed_and_resume_carries_the_time_spent
     train(config, dataset, tmp_path / "run", builtin_registry(), resume=True, progress=False, log=logged.append)
     assert any("has spent its time budget (0.1 min): nothing to train" in m for m in logged), logged
     assert not [m for m in logged if m.startswith("resuming")], "issue 13 U8: no 'resuming' of a spent run"
+    assert "best.pt, last.pt already whitened when the run last ended: their fit is kept" in logged, logged
+    assert not [m for m in logged if m.startswith("whitened")] and json.loads(record.read_text()) == fits
     assert len(list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))) == len(lines)
     more = load_config(overrides=[*TINY, "train.epochs=200", f"train.max_minutes={2 * budget}"])
     logged.clear()
@@ -716,6 +725,8 @@ def test_a_time_budget_stops_training_annealed_and_resume_carries_the_time_spent
     assert any(m.startswith(f"resuming {tmp_path / 'run'} at epoch {len(lines) + 1}") for m in logged), logged
     resumed = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
     assert len(resumed) > len(lines) and resumed[-1]["budget_spent"] == 1.0
+    refitted = json.loads(record.read_text())["checkpoints"]
+    assert refitted["last.pt"]["epoch"] > fits["checkpoints"]["last.pt"]["epoch"], "last.pt trained on: refitted"
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["spent_seconds"] >= 120 * budget
 
 

@@ -6,7 +6,14 @@ import sys
 
 import click
 
-from receipt_embed.cli.options import CheckpointPath, GivenPath, InputError, index_build_options, load_registry
+from receipt_embed.cli.options import (
+    CheckpointPath,
+    DatasetDirPath,
+    GivenPath,
+    InputError,
+    index_build_options,
+    load_registry,
+)
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -21,7 +28,7 @@ from receipt_embed.errors import BadInput
 @click.option(
     "--data",
     "data_dir",
-    type=GivenPath(file_okay=False, exists=True),
+    type=DatasetDirPath(),
     default=None,
     help="Dataset dir from `ingest` whose captures are indexed (with --checkpoint).",
 )

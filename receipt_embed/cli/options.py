@@ -76,6 +76,31 @@ class ExistingPath(GivenPath):
         return converted
 
 
+class DatasetDirPath(GivenPath):
+    """An existing dataset dir; a file given in its place (its ``manifest.jsonl``, or the captures'
+    ``manifest.csv``) is answered with the folder or the command to pass instead."""
+
+    def __init__(self):
+        super().__init__(file_okay=False, exists=True)
+
+    def convert(self, value, param, ctx):
+        import os
+        from pathlib import Path
+
+        refuse_empty(value, param)
+        if isinstance(value, str) and "\0" not in value and os.path.isfile(value):
+            path = Path(value)
+            if path.name == "manifest.jsonl":
+                self.fail(f"{value} is a dataset dir's manifest, not the dataset dir: pass its folder, {path.parent}")
+            if path.suffix.lower() == ".csv":
+                self.fail(
+                    f"{value} is a file, not a dataset dir: ingest the captures it lists first, "
+                    f"`receipt-embed ingest {path.parent} --out DATASET_DIR`, and pass DATASET_DIR"
+                )
+            self.fail(f"{value} is a file, not a dataset dir (the folder `receipt-embed ingest --out` writes)")
+        return super().convert(value, param, ctx)
+
+
 class FiniteFloatRange(click.FloatRange):
     """``click.FloatRange`` that refuses NaN: every comparison with NaN is false, so click lets it
     through any bound, and a NaN threshold silently flags or finds nothing."""

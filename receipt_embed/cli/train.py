@@ -10,6 +10,7 @@ import click
 
 from receipt_embed.cli.app import current_app
 from receipt_embed.cli.options import (
+    DatasetDirPath,
     GivenPath,
     InputError,
     check_components,
@@ -77,7 +78,7 @@ def worker_message(exc: Exception) -> str:
 @click.option(
     "--data",
     "data_dir",
-    type=GivenPath(file_okay=False, exists=True),
+    type=DatasetDirPath(),
     default=None,
     help="Dataset dir from `ingest` [data_samples/, ingested on the fly].",
 )

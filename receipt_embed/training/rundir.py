@@ -2,7 +2,8 @@
 
 Layout: ``config.yaml`` (the resolved config), ``data.json`` (the dataset dir and its
 manifest's sha256), ``metrics.jsonl`` (a line per epoch), ``checkpoints/last.pt`` and
-``checkpoints/best.pt``, whatever plugins add, and ``dataset/`` when ``train`` ingested the
+``checkpoints/best.pt``, ``whitening.json`` (what the fit of ``model.whiten`` changed), whatever
+plugins add, and ``dataset/`` when ``train`` ingested the
 samples itself. A folder is a run dir of ours only by those files, so ``train --out`` never
 writes into a user's folder, a dataset or an index.
 """
@@ -18,12 +19,15 @@ from receipt_embed.fileio import parse_json
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 DATA_FILE = "data.json"  # the dataset dir a run trains on, and its manifest's sha256
+WHITENING_FILE = (
+    "whitening.json"  # the whitening fit of each checkpoint: captures, receipts, val recall@1 before and after
+)
 LAST, BEST = "checkpoints/last.pt", "checkpoints/best.pt"
 LAST_CHECKPOINT = Path(LAST)
 KEPT = "dataset"  # the samples `train` ingests into RUN_DIR/dataset when no --data is given: not the run's
 
 # what a run writes at its top level (plugins may add files, but only a run with a checkpoint is known to be ours)
-RUN_FILES = {CONFIG_FILE, DATA_FILE, METRICS_FILE, "checkpoints", KEPT}
+RUN_FILES = {CONFIG_FILE, DATA_FILE, METRICS_FILE, WHITENING_FILE, "checkpoints", KEPT}
 SWEEP_FILES = {"sweep.json", KEPT}
 FOREIGN = (
     "holds files that receipt-embed did not write, not a run dir; it is never replaced or written into "
@@ -105,7 +109,12 @@ def check_run_out(run_dir: str | os.PathLike, sweep: bool = False) -> None:
     from receipt_embed.outdir import refuse_nested
 
     refuse_nested(run_dir, "run")
-    for name in ("checkpoints", METRICS_FILE, DATA_FILE):  # written into or appended to: never through a link
+    for name in (
+        "checkpoints",
+        METRICS_FILE,
+        DATA_FILE,
+        WHITENING_FILE,
+    ):  # written into or appended to: never through a link
         if (Path(run_dir) / name).is_symlink():
             raise BadInput(
                 f"{Path(run_dir) / name} is a symbolic link, not a regular file or folder of the run; a run dir's "

@@ -242,7 +242,9 @@ class Trainer(TrainingStep):
         self.budget_spent = self.budget.progress()
         if self.config.train.epochs == "auto" and self.ctx.is_main and self.epoch == 0 and self.step == 0:
             steps = f"{self.steps_per_epoch} step" + ("" if self.steps_per_epoch == 1 else "s")
-            self.log(f"train.epochs auto: {epochs} epochs of {steps}, about {AUTO_VIEWS:,} views")
+            budget = self.config.train.max_minutes
+            bound = "" if budget is None else f", or fewer: train.max_minutes={budget:g} stops the run when spent"
+            self.log(f"train.epochs auto: {epochs} epochs of {steps}, about {AUTO_VIEWS:,} views{bound}")
         if self.config.train.precision == "auto" and self.ctx.is_main and self.epoch == 0 and self.step == 0:
             self.log(describe_precision(self.config.train.precision, self.precision))
         if self.epoch >= epochs or self.out_of_time:
@@ -264,6 +266,8 @@ class Trainer(TrainingStep):
                             f"after epoch {self.epoch}; continue with --resume",
                             received[0] if received else None,
                         )
+                if self.out_of_time and result.metrics:  # said before the whitening fit, which follows it
+                    self.log(budget_spent(self.config.train.max_minutes, result.metrics[-1], self.steps_per_epoch))
                 if self.config.model.whiten and self.ctx.is_main:
                     self._whiten()
                     if received:  # a stop while fitting: it ran to its end (seconds), and the run is complete
@@ -274,8 +278,6 @@ class Trainer(TrainingStep):
                         )
             except StoppedBySignal as stop:  # a second stop signal: it did not wait for the step to end
                 raise self._stopped_at_once(stop) from None
-        if self.out_of_time and result.metrics:
-            self.log(budget_spent(self.config.train.max_minutes, result.metrics[-1], self.steps_per_epoch))
         result.best_epoch = self.best["epoch"] if self.best else None
         result.best_recall_at_1 = self.best["recall_at_1"] if self.best else None
         return result

@@ -358,6 +358,7 @@ def register_audit_checks(register):
 """
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_demo_force_meeting_a_full_disk_at_the_audit_says_what_out_holds(tmp_path):
     """Attack round 17 G4, end to end: `demo --force` on a small file system that fills up during the
     audit left the new dataset, run and index beside the previous audit; now the old audit is gone

@@ -95,6 +95,7 @@ def test_two_view_order_and_identity_slices():
         identity_slice(list(range(8)), 0, 3)
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_train_nproc_2_end_to_end(cli, tmp_path):
     """`train --nproc 2` launches torchrun; rank 0 writes the run dir; resume needs the same count."""
     from receipt_embed.config import load_config
@@ -195,6 +196,7 @@ def test_train_nproc_2_end_to_end(cli, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_sigterm_to_the_launcher_stops_every_rank_and_saves(tmp_path):
     import signal
     import time
@@ -247,6 +249,7 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_saves(tmp_path):
     assert state["world_size"] == 2 and state["epoch"] >= 1
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_train_nproc_2_with_moco_keeps_one_queue(cli, tmp_path):
     from receipt_embed.config import load_config
     from receipt_embed.ingest import ingest
@@ -357,6 +360,7 @@ def _start_nproc_2(tmp_path: Path, epochs: int) -> tuple[subprocess.Popen, int, 
     return launcher, torchrun, ranks
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_kill_9_of_the_launcher_stops_its_ranks_and_a_second_writer_never_mixes_with_them(cli, tmp_path):
     """Attack round 14: kill -9 of the --nproc launcher released the run dir's lock, torchrun and its
     ranks trained on, and a `train --force` then shared the run dir with them (mixed metrics.jsonl,
@@ -389,6 +393,7 @@ def test_kill_9_of_the_launcher_stops_its_ranks_and_a_second_writer_never_mixes_
         assert state["world_size"] == 1 and state["epoch"] == 1, name
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_kill_9_of_one_rank_is_one_line_naming_it_and_how_to_continue(tmp_path):
     """Attack round 14: a rank killed by the OOM killer or kill -9 under --nproc printed "internal error"
     and "This is a bug in receipt-embed" from rank 0, then torchrun's ChildFailedError traceback."""

@@ -146,6 +146,7 @@ def test_damaged_index_dir_is_a_clear_error(heldout_index, tmp_path, damage):
         load_index_dir(broken)
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_external_embeddings_become_the_same_kind_of_index_dir(cli, trained, tmp_path):
     dataset, _ = trained
     rows = load_dataset_dir(dataset)
@@ -458,6 +459,7 @@ def test_the_low_recall_warning_names_what_limits_this_factory(factory, advice):
         assert tried != kept
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_shards_merge_into_the_same_index(cli, trained, tmp_path):
     dataset, checkpoint = trained
     whole = cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "whole", "-q")
@@ -582,6 +584,7 @@ def _pairs_index(tmp_path, receipt_ids):
     return tmp_path / "ix"
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_all_pairs_out_never_replaces_a_file_without_force(tmp_path):
     """F15: `search --all-pairs --out FILE` refuses an existing FILE unless --force, and never writes into
     the index dir it reads (its own files stay as they were)."""

@@ -108,6 +108,7 @@ def test_index_needs_force_refuses_other_kinds_and_its_inputs(cli, tmp_path, dat
     assert (run / "checkpoints" / "best.pt").read_bytes() == b"PK not really"
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_audit_report_needs_force_and_is_never_the_index_dir(cli, tmp_path):
     x, manifest = write_embeddings(tmp_path, "e", 40)
     index = tmp_path / "ix"
@@ -323,6 +324,7 @@ def test_only_our_own_leftovers_of_a_dead_writer_are_removed(tmp_path, recwarn):
     assert (users / "photos").is_dir() and len(recwarn) == 1
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_all_pairs_out_never_goes_inside_our_dirs_nor_over_a_file_it_did_not_write(cli, tmp_path, dataset):
     """Round 3 of the attack: --out inside a dataset or another index dir, and --force over a
     checkpoint or a manifest, were accepted."""

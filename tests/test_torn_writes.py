@@ -351,6 +351,7 @@ def test_a_full_disk_while_writing_the_lock_record_names_the_lock_file(small_dis
             pass
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_a_full_disk_in_any_index_file_names_that_file(tmp_path, small_disk):
     """F11: however little space is left, `index --force` on a full disk is the DiskFull line naming the
     file (index.faiss, items.jsonl or embeddings.npy), never numpy's or FAISS's bare "7680 requested and
@@ -401,6 +402,7 @@ def test_resume_after_a_killed_force_run_uses_the_restored_runs_data(tmp_path, t
     assert not list(tmp_path.glob(".run.old-*"))
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_a_checkpoint_set_aside_by_a_killed_force_run_is_named_with_how_to_put_it_back(tmp_path, trained):
     """Attack round 19 J7: after `demo --force` was killed between setting the old run aside and the
     new run's first checkpoint, `search OUT/index` said "pass --checkpoint PATH if it moved" (nothing

@@ -337,6 +337,7 @@ def test_moco_keeps_momentum_encoder_and_queue_in_checkpoint(dataset, tmp_path):
     assert not torch.equal(state["momentum_model"]["head.layers.3.weight"], state["model"]["head.layers.3.weight"])
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_temperature_sweep_picks_by_val_recall(cli, dataset, tmp_path):
     sets = [item for key in [*TINY, "train.epochs=1"] for item in ("--set", key)]
     result = cli(
@@ -921,6 +922,7 @@ def test_a_bf16_forward_that_gives_nan_from_finite_weights_reruns_in_fp32(datase
     assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
 
 
+@pytest.mark.slow  # long end-to-end run (tens of seconds): `pytest -m slow` runs it
 def test_a_stopped_sweep_advises_what_works(dataset, tmp_path):
     """Attack round 17 G9: a `train --sweep` stopped by SIGHUP (a closed terminal) said "continue with
     --resume", which --sweep refuses. The stop names the value's run dir to resume, or --force to

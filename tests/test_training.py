@@ -913,7 +913,7 @@ def test_a_bf16_forward_that_gives_nan_from_finite_weights_reruns_in_fp32(datase
     config = load_config(overrides=[*TINY, "train.epochs=1", "train.precision=bf16", "model.encoder=flaky_bf16"])
     said = []
     result = train(config, dataset, tmp_path / "run", loader.registry, progress=False, log=said.append)
-    assert [m for m in said if "bf16" in m] == [
+    assert [m for m in said if "bf16" in m and not m.startswith("whitened")] == [  # its path has bf16 in it
         "warning: the bf16 forward at epoch 1, step 2 gave NaN from finite weights (a bf16 kernel fault on this "
         "CPU); the step ran in fp32"
     ]

@@ -22,13 +22,13 @@ from receipt_embed.training.rundir import WHITENING_FILE
 WHITENING_KEYS = ("whitening.mean", "whitening.projection", "whitening.fitted")
 
 
-def fit_checkpoint_whitening(trainer, checkpoint: Path, fitted: dict | None = None) -> dict:
-    """Fit the whitening of ``checkpoint``'s model on the trainer's training captures and write it
-    back (atomically); returns its record: val recall@1 before and after (None when val cannot tell).
+def fit_checkpoint_whitening(trainer, checkpoint: Path, state: dict, fitted: dict | None = None) -> dict:
+    """Fit the whitening of ``checkpoint``'s model (``state``, the checkpoint as loaded) on the trainer's
+    training captures and write it back (atomically); returns its record: val recall@1 before and after
+    (None when val cannot tell).
     ``fitted`` remembers fits by the weights they were made for: best.pt and last.pt are often the
     same epoch, and the fit (an embedding pass and two eigendecompositions) is then made once.
     Raises CannotWhiten when the training captures cannot show a receipt's spread."""
-    state = load_checkpoint(checkpoint)
     model = copy.deepcopy(trainer.model)
     model.load_state_dict(state["model"])
     model.whitening.reset()
@@ -71,18 +71,18 @@ def _val_recall(model, trainer) -> float | None:
     return retrieval_metrics(features, np.asarray(trainer.val_set.labels), ks=(1,), with_map=False)["recall_at_1"]
 
 
-def is_whitened(checkpoint: Path) -> bool:
-    """Whether ``checkpoint`` holds a fit: training saves its checkpoints unwhitened, so a fitted one was
-    whitened at the end of an earlier call of the same run, for these very weights."""
-    weights = load_checkpoint(checkpoint)["model"]
-    return bool(weights.get("whitening.fitted", False))
+def is_whitened(state: dict) -> bool:
+    """Whether a loaded checkpoint holds a fit: training saves its checkpoints unwhitened, so a fitted one
+    was whitened at the end of an earlier call of the same run, for these very weights."""
+    return bool(state["model"].get("whitening.fitted", False))
 
 
 def fit_run_whitening(trainer, checkpoints: list[Path]) -> None:
     """Whiten each of a finished run's checkpoints that is not whitened yet, record the fits in the run
     dir's ``whitening.json`` and say so in one line."""
     record_path = trainer.run_dir / WHITENING_FILE
-    kept = [path for path in checkpoints if is_whitened(path)]
+    states = {path: load_checkpoint(path) for path in checkpoints}  # each read once
+    kept = [path for path in checkpoints if is_whitened(states[path])]
     if len(kept) == len(checkpoints):  # e.g. --resume of a finished run: nothing trained since
         names = ", ".join(path.name for path in checkpoints)
         trainer.log(f"{names} already whitened when the run last ended: their fit is kept")
@@ -91,7 +91,7 @@ def fit_run_whitening(trainer, checkpoints: list[Path]) -> None:
     try:
         fitted: dict = {}
         records = {
-            path.name: earlier.get(path.name) if path in kept else fit_checkpoint_whitening(trainer, path, fitted)
+            path.name: earlier.get(path.name) if path in kept else fit_checkpoint_whitening(trainer, path, states[path], fitted)
             for path in checkpoints
         }
     except CannotWhiten as exc:

@@ -91,7 +91,9 @@ def fit_run_whitening(trainer, checkpoints: list[Path]) -> None:
     try:
         fitted: dict = {}
         records = {
-            path.name: earlier.get(path.name) if path in kept else fit_checkpoint_whitening(trainer, path, states[path], fitted)
+            path.name: earlier.get(path.name)
+            if path in kept
+            else fit_checkpoint_whitening(trainer, path, states[path], fitted)
             for path in checkpoints
         }
     except CannotWhiten as exc:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import pluggy
 
 PROJECT_NAME = "receipt_embed"
-HOOKSPEC_VERSION = "0.2"  # 0.1: the four register_* hooks; 0.2: sampler metadata, on_epoch_end, register_audit_checks
+HOOKSPEC_VERSION = "0.3"  # 0.1: the four register_* hooks; 0.2: sampler metadata, on_epoch_end, register_audit_checks;
+# 0.3: register_verifiers
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -68,6 +69,18 @@ def register_audit_checks(register):
     ``check(context)`` taking an :class:`receipt_embed.audit.checks.AuditContext` and returning
     a dict with ``figures`` (JSON-ready) and optionally ``summary`` (one line), ``flagged``
     (bool; ``--fail-on-shortcut`` fails on it) and ``plot`` (a matplotlib figure)."""
+
+
+@hookspec
+def register_verifiers(register):
+    """Register verifiers, the second stage that checks an embedding shortlist pair by pair:
+    ``factory(**params)`` returns an object with ``extract(image, item)`` and
+    ``score(query, candidate)``. ``extract`` runs once per capture (at index time for the
+    gallery) on the decoded capture (uint8 H x W x 3 RGB; ``None`` when the object's
+    ``needs_image`` is False) and its manifest row, and returns a dict of numpy arrays (no
+    object dtype: they are stored in the index dir). ``score`` takes two such dicts and returns
+    a dict with ``score``, a float in [0, 1] (higher: more likely the same receipt), and any
+    other JSON-ready figures worth reporting."""
 
 
 @hookspec

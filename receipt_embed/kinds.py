@@ -1,5 +1,5 @@
 """One spec per component kind: everything receipt-embed knows about losses, encoders,
-augmentations, samplers and audit checks, in one table.
+augmentations, samplers, audit checks and verifiers, in one table.
 
 The registry, the plugin loader, training, the CLI, ``receipt_embed.testing`` and the docs
 tests all read :data:`KINDS`; adding a kind is one entry here plus its hook in
@@ -148,6 +148,15 @@ KINDS: dict[str, ComponentKind] = {
             (),
             ("__call__",),
             "check_audit_check",
+        ),
+        ComponentKind(
+            "verifier",
+            "register_verifiers",
+            None,
+            "--verify-set",
+            (),
+            ("extract", "score"),
+            "check_verifier",
         ),
     )
 }

@@ -40,6 +40,7 @@ BUILTIN_PLUGINS = (
     "receipt_embed.builtins.encoders",
     "receipt_embed.builtins.losses",
     "receipt_embed.builtins.samplers",
+    "receipt_embed.builtins.verifiers",
 )
 
 

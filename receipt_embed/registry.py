@@ -1,4 +1,4 @@
-"""Named components (losses, encoders, augmentations, samplers, audit checks) and who provides them.
+"""Named components (losses, encoders, augmentations, samplers, audit checks, verifiers) and who provides them.
 
 The registry is filled by calling each plugin's ``register_*`` hook with a ``register``
 callback bound to that plugin, so every component knows its provider and a name clash can

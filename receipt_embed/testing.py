@@ -191,6 +191,89 @@ def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -
     )
 
 
+def _synthetic_page(seed: int, size=(640, 360)) -> np.ndarray:
+    """A white portrait page with lines of random printed characters (uint8 RGB), one per seed."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    page = np.full((*size, 3), 255, np.uint8)
+    alphabet = "ABCDEFGHJKLMNPQRSTUVWXYZ0123456789.:/-"
+    for row in range(24, size[0] - 10, 22):
+        line = "".join(rng.choice(list(alphabet), size=int(rng.integers(8, 22))))
+        cv2.putText(page, line, (int(rng.integers(8, 40)), row), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (0, 0, 0), 1)
+    return page
+
+
+def check_verifier(verifier, *, seed: int = 0) -> None:
+    """A verifier on synthetic printed pages: ``extract`` returns a dict of named numpy arrays
+    (no object dtype: they are stored in the index dir), the same for the same capture;
+    ``score`` returns a dict whose ``score`` is a float in [0, 1] and whose other values are
+    JSON-ready; the arrays give the same score after a save and load without pickle; and a
+    page scores higher against a perspective-warped capture of itself (the same manifest row)
+    than against another page (another row)."""
+    import io
+    import json
+
+    import cv2
+
+    _meets_its_kind("verifier", verifier)
+    needs_image = bool(getattr(verifier, "needs_image", True))
+    page, other = _synthetic_page(seed), _synthetic_page(seed + 1)
+    height, width = page.shape[:2]
+    homography = np.array([[0.92, 0.06, 14.0], [-0.05, 0.97, 22.0], [4e-5, 3e-5, 1.0]])
+    warped = cv2.warpPerspective(page, homography, (width, height), borderValue=(255, 255, 255))
+    row = {"path": "a.jpg", "receipt_id": "r1", "device": "d0", "merchant": "SHOP", "date": "25/12/2018",
+           "total": "9.00", "receipt_number": "1001"}  # fmt: skip
+    other_row = {**row, "path": "c.jpg", "receipt_id": "r2", "date": "26/12/2018", "total": "12.40",
+                 "receipt_number": "1002"}  # fmt: skip
+
+    def extract(image, item):
+        data = verifier.extract(image if needs_image else None, dict(item))
+        assert isinstance(data, dict) and all(isinstance(k, str) for k in data), (
+            f"extract must return a dict of named arrays, got {type(data).__name__}"
+        )
+        for key, value in data.items():
+            assert isinstance(value, np.ndarray), f"extract's {key!r} must be a numpy array, got {type(value).__name__}"
+            assert value.dtype != object, f"extract's {key!r} has object dtype: it cannot be stored without pickle"
+        return data
+
+    def score(query, candidate):
+        result = verifier.score(query, candidate)
+        assert isinstance(result, dict) and "score" in result, (
+            f"score must return a dict with a 'score' key, got {result!r}"
+        )
+        value = result["score"]
+        assert isinstance(value, (float, int, np.floating)) and not isinstance(value, bool), (
+            f"'score' must be a number, got {type(value).__name__}"
+        )
+        assert 0.0 <= float(value) <= 1.0, f"'score' must be in [0, 1], got {value}"
+        try:
+            json.dumps({k: v for k, v in result.items() if k != "score"})
+        except (TypeError, ValueError) as exc:
+            raise AssertionError(f"score's other figures are not JSON-ready: {exc}") from None
+        return float(value)
+
+    first = extract(page, row)
+    again = extract(page, row)
+    assert first.keys() == again.keys() and all(np.array_equal(first[k], again[k]) for k in first), (
+        "the same capture must give the same extracted data (an index must be reproducible)"
+    )
+    buffer = io.BytesIO()
+    np.savez(buffer, **first)
+    buffer.seek(0)
+    with np.load(buffer, allow_pickle=False) as stored:
+        reloaded = {key: stored[key] for key in stored.files}
+    same = extract(warped, {**row, "path": "b.jpg", "device": "d1"})
+    different = extract(other, other_row)
+    as_extracted, as_stored = score(first, same), score(reloaded, same)
+    assert as_extracted == as_stored, f"the stored arrays score {as_stored}, the extracted ones {as_extracted}"
+    against_other = score(first, different)
+    assert as_extracted > against_other, (
+        f"a page must score higher against a warped capture of itself ({as_extracted}) than against "
+        f"another page ({against_other})"
+    )
+
+
 def load_plugin(path):
     """Import a folder plugin file the way discovery does (as part of its folder's package,
     so its relative imports of ``_helpers`` work) and return the module, for your tests::

@@ -22,7 +22,7 @@ LAYERS = [
     {"version", "errors", "display", "batch_layout", "userfiles", "fileio", "npyfile", "stops", "plugin_watch", "orphans", "workers", "locking", "outdir", "staging", "page_crop", "images", "config",
      "kinds", "registry", "hookspecs", "distributed"},
     # plugins and the components they provide
-    {"plugin_manager", "plugin_loader", "builtins", "augment", "sampling", "losses", "models"},
+    {"plugin_manager", "plugin_loader", "builtins", "augment", "sampling", "losses", "models", "verification"},
     {"ingest"},
     # sample sets, written as manifests ingest accepts (so they keep clear of its own columns)
     {"samples"},

@@ -9,7 +9,14 @@ import pytest
 import torch
 from conftest import registry_with_examples
 
-from receipt_embed.testing import check_audit_check, check_augmentation, check_encoder, check_loss, check_sampler
+from receipt_embed.testing import (
+    check_audit_check,
+    check_augmentation,
+    check_encoder,
+    check_loss,
+    check_sampler,
+    check_verifier,
+)
 
 NOT_LABEL_AWARE = {"vicreg", "align_uniform"}  # non-contrastive: no negatives to mask
 
@@ -59,6 +66,67 @@ def test_samplers_keep_the_contract(name):
 @pytest.mark.parametrize("name", _names("audit_check"))
 def test_audit_checks_keep_the_contract(name):
     check_audit_check(REGISTRY.create("audit_check", name))
+
+
+@pytest.mark.parametrize("name", _names("verifier"))
+def test_verifiers_keep_the_contract(name):
+    check_verifier(REGISTRY.create("verifier", name))
+
+
+def test_the_verifier_check_catches_broken_verifiers():
+    from receipt_embed.verification.geometric import GeometricVerifier
+
+    geometric = GeometricVerifier()
+
+    class Wrapped:
+        needs_image = True
+
+        def extract(self, image, item):
+            return geometric.extract(image, item)
+
+        def score(self, query, candidate):
+            return geometric.score(query, candidate)
+
+    class ObjectArrays(Wrapped):
+        def extract(self, image, item):
+            return {"fields": np.array([item], dtype=object)}
+
+    class OutOfRange(Wrapped):
+        def score(self, query, candidate):
+            return {"score": 1.0 + geometric.score(query, candidate)["score"]}
+
+    class NotJson(Wrapped):
+        def score(self, query, candidate):
+            return {**geometric.score(query, candidate), "homography": np.eye(3)}
+
+    class Blind(Wrapped):  # reads neither the pixels nor the row
+        def score(self, query, candidate):
+            return {"score": 0.5}
+
+    class Forgetful(Wrapped):  # a different draw each time
+        calls = 0
+
+        def extract(self, image, item):
+            Forgetful.calls += 1
+            return {"draw": np.array([Forgetful.calls])}
+
+    class NoScore:
+        def extract(self, image, item):
+            return {}
+
+    check_verifier(Wrapped())
+    with pytest.raises(AssertionError, match="'fields' has object dtype"):
+        check_verifier(ObjectArrays())
+    with pytest.raises(AssertionError, match=r"'score' must be in \[0, 1\], got 1\.\d"):
+        check_verifier(OutOfRange())
+    with pytest.raises(AssertionError, match="not JSON-ready"):
+        check_verifier(NotJson())
+    with pytest.raises(AssertionError, match=r"must score higher against a warped capture of itself \(0\.5\)"):
+        check_verifier(Blind())
+    with pytest.raises(AssertionError, match="the same capture must give the same extracted data"):
+        check_verifier(Forgetful())
+    with pytest.raises(AssertionError, match="a verifier needs extract, score; this NoScore lacks score"):
+        check_verifier(NoScore())
 
 
 def test_the_checks_catch_broken_components():

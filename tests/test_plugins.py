@@ -282,7 +282,7 @@ def test_every_hookspec_documented_with_its_signature():
     specs = [
         name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "receipt_embed_spec")
     ]
-    assert len(specs) == 6
+    assert len(specs) == 7
     for name in specs:
         signature = f"{name}{inspect.signature(getattr(hookspecs, name))}"
         assert f"### `{signature}`" in guide, f"docs/plugins.md lacks a reference heading for {signature}"
@@ -359,6 +359,7 @@ def test_sampler_factory_declaring_metadata_receives_the_manifest_rows(tmp_path)
 @pytest.mark.hook("register_encoders")
 @pytest.mark.hook("register_augmentations")
 @pytest.mark.hook("register_samplers")
+@pytest.mark.hook("register_verifiers")
 def test_folder_plugin_can_implement_every_register_hook(tmp_path):
     _write(
         tmp_path,
@@ -381,6 +382,10 @@ def test_folder_plugin_can_implement_every_register_hook(tmp_path):
         @hookimpl
         def register_samplers(register):
             register("every_other", lambda identities, batch_size, seed: ("sampler", batch_size))
+
+        @hookimpl
+        def register_verifiers(register):
+            register("same_total", lambda column="total": ("verifier", column))
     """,
     )
     loader = PluginLoader()
@@ -392,11 +397,12 @@ def test_folder_plugin_can_implement_every_register_hook(tmp_path):
     assert registry.create("encoder", "tiny_cnn", depth=3) == ("encoder", {"depth": 3})
     assert registry.create("augmentation", "flip", image_size=[8, 4]) == ("augmentation", (8, 4))
     assert registry.create("sampler", "every_other", identities=[], batch_size=4, seed=0) == ("sampler", 4)
+    assert registry.create("verifier", "same_total", column="amount") == ("verifier", "amount")
     assert {
         c.plugin
         for kind in registry.components.values()
         for c in kind.values()
-        if c.name in {"l1_loss", "tiny_cnn", "flip", "every_other"}
+        if c.name in {"l1_loss", "tiny_cnn", "flip", "every_other", "same_total"}
     } == {"everything"}
 
 

@@ -1,0 +1,26 @@
+"""Built-in verifiers: the second stage that checks an embedding shortlist pair by pair."""
+
+from __future__ import annotations
+
+from receipt_embed.builtins import lazy_target
+from receipt_embed.hookspecs import hookimpl
+
+
+def build_geometric(**params):
+    from receipt_embed.verification.geometric import GeometricVerifier
+
+    return GeometricVerifier(**params)
+
+
+# its parameters' annotations, for the registry's checks
+build_geometric.signature_target = lazy_target("receipt_embed.verification.geometric", "GeometricVerifier")
+
+
+@hookimpl
+def register_verifiers(register):
+    register(
+        "geometric",
+        build_geometric,
+        description="ORB keypoints and a MAGSAC++ homography: inliers of one flat page seen twice "
+        "(params: long_side, keypoints, ratio, reprojection_px, half_score_inliers)",
+    )

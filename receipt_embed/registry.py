@@ -266,3 +266,25 @@ def _described(exc: BaseException) -> str:
         return str(exc)
     except Exception:  # noqa: BLE001 - any failure of foreign code here is only a worse message
         return "(its message cannot be shown)"
+
+
+def named_settings(settings, option: str, known: Callable[[str], str]) -> dict[str, dict]:
+    """``NAME.KEY=VALUE`` options (``--check-set``, ``--verify-set``) into parameters by component
+    name; VALUE reads exactly like a ``--set`` value (1e-1 is a number, yes is a string) and
+    ``known(name)`` returns the name or raises naming the components there are."""
+    from omegaconf import OmegaConf
+
+    params: dict[str, dict] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        name, dot, param = key.strip().partition(".")
+        if not sep or not dot or not param:
+            raise BadInput(f"{option} expects NAME.KEY=VALUE, got {quoted(shortened(item))}")
+        try:
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
+        except Exception as exc:
+            raise BadInput(
+                f"{option} {quoted(shortened(item))}: cannot read the value: {shortened(str(exc).splitlines()[0])}"
+            ) from None
+        params.setdefault(known(name), {})[param] = parsed
+    return params

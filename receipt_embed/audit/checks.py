@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed.display import quoted, shortened
+from receipt_embed.display import quoted
 from receipt_embed.errors import BadInput
 from receipt_embed.plugin_watch import PluginCalledExit, plugin_code
 from receipt_embed.stops import is_real_stop
@@ -112,8 +112,6 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
     (names to skip, parameters by check); unknown check names are errors with a suggestion."""
     import difflib
 
-    from omegaconf import OmegaConf
-
     names = registry.names("audit_check") if registry is not None else []
 
     def known(name: str, option: str) -> str:
@@ -133,19 +131,9 @@ def parse_check_settings(registry, skip=(), settings=()) -> tuple[set[str], dict
             warnings.warn(
                 f"--skip-check {quoted(name)}: no such audit check here; checks: {', '.join(names) or '(none)'}"
             )
-    params: dict[str, dict] = {}
-    for item in settings:
-        key, sep, value = item.partition("=")
-        name, dot, param = key.strip().partition(".")
-        if not sep or not dot or not param:
-            raise BadInput(f"--check-set expects NAME.KEY=VALUE, got {quoted(shortened(item))}")
-        try:  # read exactly like a --set value (1e-1 is a number, yes is a string)
-            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
-        except Exception as exc:
-            raise BadInput(
-                f"--check-set {quoted(shortened(item))}: cannot read the value: {shortened(str(exc).splitlines()[0])}"
-            ) from None
-        params.setdefault(known(name, "--check-set"), {})[param] = parsed
+    from receipt_embed.registry import named_settings
+
+    params = named_settings(settings, "--check-set", lambda name: known(name, "--check-set"))
     return skipped, params
 
 

@@ -70,6 +70,20 @@ from receipt_embed.errors import BadInput
     metavar="I/N",
     help="Embed only slice I of N (0-based) into a shard dir; join the N shards with `index-merge`.",
 )
+@click.option(
+    "--verify",
+    "verify",
+    multiple=True,
+    metavar="NAME",
+    help="Also store this verifier's per-capture data (e.g. geometric), for `search --verify`; repeatable.",
+)
+@click.option(
+    "--verify-set",
+    "verify_settings",
+    multiple=True,
+    metavar="NAME.KEY=VALUE",
+    help="A parameter of a --verify verifier (e.g. geometric.keypoints=2000); repeatable.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option(
     "--force",
@@ -91,13 +105,16 @@ def index(
     train_size,
     batch_size,
     shard,
+    verify,
+    verify_settings,
     quiet,
     force,
 ):
     """Embed captures (or take external embeddings) into a FAISS index dir.
 
     Vectors are L2-normalised and searched by inner product (cosine similarity). The dir
-    holds index.faiss, items.jsonl, embeddings.npy and index.json (checksums, source).
+    holds index.faiss, items.jsonl, embeddings.npy and index.json (checksums, source), and with
+    --verify NAME a verifier-NAME.npz of each verifier's per-capture data.
 
     OUT is written beside the old copy and swapped in complete (searches never see a half-written
     index); an existing index dir needs --force; a dir of another kind, or one holding the
@@ -124,6 +141,12 @@ def index(
         "progress": not quiet and sys.stderr.isatty(),
     }
     try:
+        verifiers = _verifier_params(ctx, verify, verify_settings)
+        if verifiers and (embeddings_file is not None or shard is not None):
+            raise InputError(
+                f"--verify reads the captures' images: it goes with --checkpoint and --data, not with "
+                f"{'--embeddings' if embeddings_file is not None else '--shard'} (not yet)"
+            )
         if embeddings_file is not None:
             meta = _index_external(embeddings_file, manifest, out_dir, checkpoint, data_dir, shard, given, options)
         elif shard is not None:
@@ -131,10 +154,30 @@ def index(
             return
         else:
             _check_image_inputs(checkpoint, data_dir, manifest)
-            meta = _index_images(ctx, checkpoint, data_dir, out_dir, images, options)
+            meta = _index_images(ctx, checkpoint, data_dir, out_dir, images, {**options, "verifiers": verifiers})
     except (CheckpointError, ComponentError, ConfigError, IndexBuildError, ManifestError, OSError, BadInput) as exc:
         raise InputError(str(exc)) from None
     click.echo(_summary(meta, out_dir, target_recall))
+
+
+def _verifier_params(ctx, verify, settings) -> dict[str, dict]:
+    """--verify NAME and --verify-set NAME.KEY=VALUE -> parameters by verifier (a typo names the verifiers there are)."""
+    if not verify and not settings:
+        return {}
+    from receipt_embed.registry import named_settings
+
+    registry = load_registry(ctx)
+
+    def known(name: str) -> str:
+        registry.get("verifier", name)
+        if name not in verify:
+            raise InputError(f"--verify-set {name}.KEY=VALUE: add --verify {name}, or drop the setting")
+        return name
+
+    for name in verify:
+        registry.get("verifier", name)
+    params = named_settings(settings, "--verify-set", known)
+    return {name: params.get(name, {}) for name in dict.fromkeys(verify)}
 
 
 def _index_external(embeddings_file, manifest, out_dir, checkpoint, data_dir, shard, given, options) -> dict:

@@ -21,16 +21,43 @@ def _print_results(results: list[dict], threshold) -> None:
         if threshold is not None:
             match = result["match"]
             verdict = (
-                f"DUPLICATE of receipt {printable(match['receipt_id'])} (similarity {match['similarity']:.3f} "
-                f">= {threshold})"
+                f"DUPLICATE of receipt {printable(match['receipt_id'])} ({_score_name(match)} "
+                f"{_score_of(match):.3f} >= {threshold})"
                 if match
-                else f"no duplicate (best similarity below {threshold})"
+                else f"no duplicate (best {_score_name(result['neighbours'][0] if result['neighbours'] else {})} "
+                f"below {threshold})"
             )
             click.echo(f"  {verdict}")
         for rank, hit in enumerate(result["neighbours"], start=1):
             same = "  [same file]" if hit["same_file"] else ""
             values = "  ".join(printable(hit[key]) for key in ("receipt_id", "device", "path"))
-            click.echo(f"  {rank:>2}. {hit['similarity']:.3f}  {values}{same}")
+            verified = f"verified {hit['verified']['score']:.3f}  " if "verified" in hit else ""
+            click.echo(f"  {rank:>2}. {verified}{hit['similarity']:.3f}  {values}{same}")
+            if "verified" in hit:
+                click.echo(f"      {_verifier_figures(hit['verified'])}")
+
+
+def _verifier_figures(verified: dict) -> str:
+    """One line of each verifier's score and figures: ``geometric 0.815 (matches 223, inliers 177, ...)``."""
+    parts = []
+    for name, figures in verified.items():
+        if name == "score":
+            continue
+        extras = ", ".join(
+            f"{printable(key)} {value:.3g}" if isinstance(value, float) else f"{printable(key)} {printable(value)}"
+            for key, value in figures.items()
+            if key != "score"
+        )
+        parts.append(f"{printable(name)} {figures['score']:.3f}" + (f" ({extras})" if extras else ""))
+    return "; ".join(parts)
+
+
+def _score_name(hit: dict) -> str:
+    return "verified score" if "verified" in hit else "similarity"
+
+
+def _score_of(hit: dict) -> float:
+    return hit["verified"]["score"] if "verified" in hit else hit["similarity"]
 
 
 @click.command()
@@ -62,6 +89,26 @@ def _print_results(results: list[dict], threshold) -> None:
     default=None,
     help="Refuse larger query files unread [the default limit, or the checkpoint's if lower].",
 )
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Re-rank the top --shortlist neighbours by the verifiers the index stores (`index --verify`); "
+    "--threshold then applies to the verified score (0 to 1).",
+)
+@click.option(
+    "--verifier",
+    "verifier_names",
+    multiple=True,
+    metavar="NAME",
+    help="With --verify: only this stored verifier (repeatable) [all the index stores].",
+)
+@click.option(
+    "--shortlist",
+    type=click.IntRange(min=1, max=10_000),
+    default=10,
+    show_default=True,
+    help="With --verify: embedding neighbours checked per query.",
+)
 @click.option("--all-pairs", is_flag=True, help="Every pair of indexed items at or above --threshold (no IMAGEs).")
 @click.option(
     "--out",
@@ -73,12 +120,27 @@ def _print_results(results: list[dict], threshold) -> None:
 @click.option("--force", is_flag=True, help="With --all-pairs --out FILE: replace an existing FILE.")
 @click.pass_context
 def search(
-    ctx, index_dir, images, k, threshold, as_json, checkpoint, max_pixels, max_bytes, all_pairs, out_file, force
+    ctx,
+    index_dir,
+    images,
+    k,
+    threshold,
+    as_json,
+    checkpoint,
+    max_pixels,
+    max_bytes,
+    verify,
+    verifier_names,
+    shortlist,
+    all_pairs,
+    out_file,
+    force,
 ):
     """Find the indexed captures nearest to each IMAGE, or (--all-pairs) every near-duplicate pair.
 
     \b
     receipt-embed search INDEX_DIR photo.jpg --k 5 --threshold 0.9
+    receipt-embed search INDEX_DIR photo.jpg --verify --threshold 0.5
     receipt-embed search INDEX_DIR --all-pairs --threshold 0.9 --out pairs.csv"""
     from receipt_embed.indexing import IndexDirError, load_index_dir, search_images
     from receipt_embed.registry import ComponentError
@@ -86,9 +148,13 @@ def search(
 
     given = {
         name
-        for name in ("k", "as_json", "checkpoint", "max_pixels", "max_bytes")
+        for name in ("k", "as_json", "checkpoint", "max_pixels", "max_bytes", "verify", "verifier_names", "shortlist")
         if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
+    if not verify and given & {"verifier_names", "shortlist"}:
+        raise InputError(
+            f"{'--verifier' if 'verifier_names' in given else '--shortlist'} goes with --verify (re-ranking by verifiers)"
+        )
     if all_pairs:
         if images:
             raise InputError("--all-pairs compares the indexed items with each other; give no IMAGE arguments")
@@ -101,6 +167,9 @@ def search(
                 "checkpoint": "--checkpoint",
                 "max_pixels": "--max-pixels",
                 "max_bytes": "--max-bytes",
+                "verify": "--verify",
+                "verifier_names": "--verifier",
+                "shortlist": "--shortlist",
             }
             raise InputError(f"{', '.join(names[n] for n in sorted(given))} apply to image queries, not to --all-pairs")
     else:
@@ -127,6 +196,8 @@ def search(
             checkpoint=checkpoint,
             max_pixels=max_pixels,
             max_bytes=max_bytes,
+            verify=list(verifier_names) if verify else None,
+            shortlist=shortlist,
         )
     except BrokenPipeError:
         raise  # a closed pipe (`| head`): click ends the command quietly

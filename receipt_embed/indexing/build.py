@@ -48,10 +48,12 @@ def index_dataset(
     shard: tuple[int, int] | None = None,
     log=lambda message: None,
     force: bool = False,
+    verifiers: dict[str, dict] | None = None,
     **build_options,
 ) -> dict:
     """Embed a dataset dir's captures with a checkpoint and write an index dir (or, with
-    ``shard=(i, n)``, a shard dir holding rows i/n of them for ``index-merge``).
+    ``shard=(i, n)``, a shard dir holding rows i/n of them for ``index-merge``). ``verifiers``
+    (name -> params): each one's per-item data is extracted from every capture and stored too.
 
     ``out`` is locked for the whole job and replaced whole at the end; an existing index (or
     shard) dir only with ``force``; an ``out`` that is or holds the dataset or checkpoint never."""
@@ -71,6 +73,7 @@ def index_dataset(
             shard=shard,
             log=log,
             force=force,
+            verifiers=verifiers or {},
             **build_options,
         )
 
@@ -89,10 +92,14 @@ def _index_dataset(
     shard,
     log,
     force,
+    verifiers,
     **build_options,
 ) -> dict:
     from receipt_embed.embedding import embedding_dim, load_model
 
+    if verifiers and shard is not None:
+        raise BadInput("--verify does not go with --shard yet: index without --shard to store verifier data")
+    built_verifiers = {name: registry.create("verifier", name, **params) for name, params in verifiers.items()}
     captures = _present_captures(data_dir, split)
     train_size = build_options.get("train_size", DEFAULT_TRAIN_SIZE)
     if shard is None:  # a factory too large for the captures is refused before minutes of embedding
@@ -115,7 +122,41 @@ def _index_dataset(
         raise BadInput(f"--out {out} is a shard dir; write the index to its own dir")
     vectors = built_vectors(embeddings, lambda row: f"the embedding of {captures.paths[row]}")
     built = build_index(embeddings, factory, log=log, **build_options)
-    return write_index_dir(out, built, vectors, [item_of(r) for r in captures.rows], source, features, force=force)
+    stored = _verifier_data(built_verifiers, verifiers, captures, loaded, registry, progress, log)
+    items = [item_of(r) for r in captures.rows]
+    return write_index_dir(out, built, vectors, items, source, features, force=force, verifiers=stored)
+
+
+def _verifier_data(built_verifiers: dict, params: dict, captures, loaded, registry, progress, log) -> dict:
+    """Each verifier's data of every capture, with its index.json record (params, plugin, cost)."""
+    from receipt_embed.indexing.search import query_limits
+    from receipt_embed.indexing.verifier_data import extract_items
+    from receipt_embed.registry import plugin_errors
+
+    stored = {}
+    limits = query_limits(loaded.config.ingest)
+    for name, verifier in built_verifiers.items():
+        plugin = registry.get("verifier", name).plugin
+        log(f"verifier {name} ({plugin}): extracting from {len(captures)} captures")
+
+        def errors(path, name=name):
+            return plugin_errors(registry, "verifier", name, f"extracting from {path}")
+
+        data, seconds = extract_items(
+            verifier, name, captures.paths, captures.rows, limits, progress=progress, errors=errors
+        )
+        record = {
+            "params": dict(params[name]),
+            "plugin": plugin,
+            "extract_seconds": round(seconds, 3),
+            "bytes_per_item": round(data.nbytes() / max(1, len(captures))),
+        }
+        log(
+            f"verifier {name}: {seconds / max(1, len(captures)) * 1000:.1f} ms and "
+            f"{record['bytes_per_item'] / 1024:.1f} KiB per capture"
+        )
+        stored[name] = (data, record)
+    return stored
 
 
 def _present_captures(data_dir, split: str):

@@ -96,13 +96,36 @@ def check_meta_types(meta: dict, meta_path: Path, error) -> None:
 INDEX_DIR_FILES = ("index.faiss", "items.jsonl", "embeddings.npy")  # what index.json's files list
 
 
+def _check_verifiers_entry(meta: dict, bad) -> tuple[str, ...]:
+    """index.json's ``verifiers`` (name -> {file, params, plugin, ...}); returns the files they name."""
+    from receipt_embed.indexing.verifier_data import verifier_file
+    from receipt_embed.registry import NAME_PATTERN
+
+    verifiers = meta.get("verifiers")
+    if verifiers is None:
+        return ()
+    if not isinstance(verifiers, dict):
+        raise bad("verifiers", wanted="an object of verifier records by name")
+    for name, record in verifiers.items():
+        if not NAME_PATTERN.match(name):
+            raise bad("verifiers", wanted=f"component names as keys, not {shortened(repr(name))}")
+        if not isinstance(record, dict):
+            raise bad("verifiers", name, wanted="an object {file, params, plugin}")
+        if record.get("file") != verifier_file(name):
+            raise bad("verifiers", name, wanted=f'a record whose file is "{verifier_file(name)}"')
+        if not isinstance(record.get("params"), dict):
+            raise bad("verifiers", name, wanted="a record with params, an object")
+    return tuple(verifier_file(name) for name in verifiers)
+
+
 def _check_files_entry(meta: dict, bad) -> None:
     files = meta["files"]
     if not isinstance(files, dict):
         raise bad("files", wanted="an object of {sha256, bytes} by file name")
+    allowed = (*INDEX_DIR_FILES, *_check_verifiers_entry(meta, bad))
     for name, entry in files.items():
-        if name not in INDEX_DIR_FILES:
-            raise bad("files", wanted=f"entries for {', '.join(INDEX_DIR_FILES)} only, not {shortened(repr(name))}")
+        if name not in allowed:
+            raise bad("files", wanted=f"entries for {', '.join(allowed)} only, not {shortened(repr(name))}")
         if not isinstance(entry, dict) or "sha256" not in entry or "bytes" not in entry:
             raise bad("files", name, wanted="an object {sha256, bytes}")
         if not isinstance(entry["sha256"], str):

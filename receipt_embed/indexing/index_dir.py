@@ -3,8 +3,10 @@
 - ``items.jsonl``: row i of the index -> path, receipt_id, device, split and other metadata.
 - ``embeddings.npy``: the L2-normalised vectors, row-aligned with the items. An approximate
   index stores lossy codes; audits and the all-pairs sweep read these exact vectors.
+- ``verifier-NAME.npz`` (with ``index --verify NAME``): each verifier's per-item data
+  (receipt_embed.indexing.verifier_data), so queries never re-read the gallery's images.
 - ``index.json``: count, dim, metric, factory, search parameters and measured recall, the
-  source (checkpoint fingerprint or external embeddings) and a sha256 of every file.
+  source (checkpoint fingerprint or external embeddings), the verifiers and a sha256 of every file.
 
 Every file is written atomically and ``index.json`` last, so it only ever describes files
 that were completely written; loading re-checks sizes and checksums, so a truncated or
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +44,7 @@ FORMAT_VERSION = 1
 META_KEYS = frozenset(
     ("format_version", "count", "dim", "metric", "normalised", "factory", "exact", "search_params", "recall_at_10",
      "recall_queries", "train_size", "build_seconds", "tune_seconds", "features", "source", "files", "created",
-     "receipt_embed_version")
+     "receipt_embed_version", "verifiers")
 )  # fmt: skip
 # index.json is a page of metadata; anything far larger is not one
 MAX_META_BYTES = 16 * 1024 * 1024
@@ -59,6 +61,7 @@ class IndexDir:
     items: list[dict]
     embeddings: np.ndarray  # (count, dim) float32, L2-normalised
     meta: dict
+    verifiers: dict = field(default_factory=dict)  # name -> VerifierData, for those index --verify stored
 
     @property
     def count(self) -> int:
@@ -111,8 +114,10 @@ def write_index_dir(
     source: dict,
     features: str | None,
     force: bool = False,
+    verifiers: dict | None = None,
 ) -> dict:
-    """Write the four files of an index dir; returns the index.json written.
+    """Write the four files of an index dir (and a ``verifier-NAME.npz`` per entry of
+    ``verifiers``: name -> (VerifierData, its index.json record)); returns the index.json written.
 
     The files go to a staging sibling that replaces ``out`` in one swap (``staging.replace_dir``),
     under ``out``'s writer lock: a reader, a kill or a full disk sees the old index or the new
@@ -123,20 +128,25 @@ def write_index_dir(
         raise BadInput(
             f"{len(items)} items, {len(embeddings)} embeddings and {built.index.ntotal} indexed vectors differ"
         )
+    for name, (data, _) in (verifiers or {}).items():
+        if data.count != len(items):
+            raise BadInput(f"verifier {quoted(name)} holds data of {data.count} items, the index {len(items)}")
     with replace_dir(out, "index", force) as staging:
-        return _write_index_files(staging, built, embeddings, items, source, features)
+        return _write_index_files(staging, built, embeddings, items, source, features, verifiers or {})
 
 
 def _write_index_files(
-    out: Path, built, embeddings: np.ndarray, items: list[dict], source: dict, features: str | None
+    out: Path, built, embeddings: np.ndarray, items: list[dict], source: dict, features: str | None, verifiers: dict
 ) -> dict:
+    from receipt_embed.indexing.verifier_data import verifier_file, write_verifier_file
+
     _write_faiss(built.index, out / INDEX_FILE)
     atomic_write_jsonl(out / ITEMS_FILE, items)
     save_npy(out / EMBEDDINGS_FILE, embeddings)
-    files = {
-        name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
-        for name in (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE)
-    }
+    for name, (data, _) in verifiers.items():
+        write_verifier_file(out / verifier_file(name), data)
+    written = (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE, *(verifier_file(name) for name in verifiers))
+    files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in written}
     meta = {
         "format_version": FORMAT_VERSION,
         "count": len(items),
@@ -157,6 +167,8 @@ def _write_index_files(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "receipt_embed_version": __version__,
     }
+    if verifiers:
+        meta["verifiers"] = {name: {**record, "file": verifier_file(name)} for name, (_, record) in verifiers.items()}
     atomic_write_json(out / META_FILE, meta)
     return meta
 
@@ -303,7 +315,24 @@ def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
         )
     set_search_params(index, params)
     check_index_holds_rows(index, embeddings, meta, path / INDEX_FILE, IndexDirError)
-    return IndexDir(path, index, items, embeddings, meta)
+    return IndexDir(path, index, items, embeddings, meta, _load_verifiers(path, meta, verify))
+
+
+def _load_verifiers(path: Path, meta: dict, verify: bool) -> dict:
+    """The verifier files index.json records, checked like the other files."""
+    from receipt_embed.indexing.verifier_data import read_verifier_file
+
+    loaded = {}
+    for name, record in (meta.get("verifiers") or {}).items():
+        file = record["file"]
+        if file not in meta["files"]:
+            raise IndexDirError(f"{path / META_FILE} has no entry for {file} (verifier {quoted(name)})")
+        if verify:
+            _check_file(path / file, meta["files"][file])
+        with _open_member(path / file):
+            pass
+        loaded[name] = read_verifier_file(path / file, name, meta["count"], IndexDirError)
+    return loaded
 
 
 _load_index_dir_once = load_index_dir  # the checks live there; this wrapper only adds the swap-safe read

@@ -129,18 +129,27 @@ def search_images(
     batch_size: int = 128,
     max_pixels: int | None = None,
     max_bytes: int | None = None,
+    verify: list[str] | None = None,
+    shortlist: int = 10,
 ) -> list[dict]:
     """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict. Queries
-    are decoded within :func:`query_limits` (``max_pixels`` / ``max_bytes``: the user's own)."""
-    from receipt_embed.embedding import embed_paths, load_model
+    are decoded within :func:`query_limits` (``max_pixels`` / ``max_bytes``: the user's own).
 
+    ``verify`` (verifier names; ``[]``: every verifier the index stores) re-ranks the embedding's
+    top ``shortlist`` by the verified score, the mean of the verifiers' scores (each in [0, 1]),
+    and gives each neighbour ``verified`` (that score and each verifier's figures); the verdict
+    is then on the verified score."""
+    from receipt_embed.embedding import embed_paths, load_model
+    from receipt_embed.indexing.verification import check_pairs, verifiers_of
+
+    checks = None if verify is None else verifiers_of(index_dir, verify, registry)
     loaded = load_model(resolve_checkpoint(index_dir, checkpoint), registry)
     limits = query_limits(loaded.config.ingest, max_pixels, max_bytes)
     digests = check_queries(images, *limits)
     vectors = embed_paths(
         loaded, [str(p) for p in images], index_dir.meta["features"], batch_size=batch_size, limits=limits
     )
-    sims, ids = neighbours(index_dir, vectors, k)
+    sims, ids = neighbours(index_dir, vectors, k if checks is None else max(k, shortlist))
     results = []
     for path, digest, row_sims, row_ids in zip(images, digests, sims, ids):
         hits = []
@@ -158,9 +167,12 @@ def search_images(
                     "same_file": item.get("sha256") == digest,
                 }
             )
+        if checks is not None:
+            hits = check_pairs(checks, registry, str(path), hits, limits)[:k]
         result = {"query": str(path), "neighbours": hits}
         if threshold is not None:
-            match = hits[0] if hits and float(row_sims[0]) >= threshold - SIMILARITY_TOLERANCE else None
+            score = (lambda hit: hit["similarity"]) if checks is None else (lambda hit: hit["verified"]["score"])
+            match = hits[0] if hits and float(score(hits[0])) >= threshold - SIMILARITY_TOLERANCE else None
             result["duplicate"] = match is not None
             result["match"] = match
         results.append(result)

@@ -21,6 +21,6 @@ def register_verifiers(register):
     register(
         "geometric",
         build_geometric,
-        description="ORB keypoints and a MAGSAC++ homography: inliers of one flat page seen twice "
-        "(params: long_side, keypoints, ratio, reprojection_px, half_score_inliers)",
+        description="ORB keypoints and a MAGSAC++ homography: the page share its inliers cover "
+        "(params: long_side, keypoints, ratio, reprojection_px)",
     )

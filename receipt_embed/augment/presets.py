@@ -93,12 +93,15 @@ def build_none(image_size: tuple[int, int]) -> A.Compose:
 def build_capture(
     image_size: tuple[int, int],
     strength: float = 1.0,
-    min_crop_scale: float = 0.8,
+    min_crop_scale: float = 1.0,
     min_page_scale: float = 1.0,
     max_perspective: float = 0.06,
     harsh: float = 0.0,
 ) -> A.Compose:
     """Phone- and scanner-like capture variation; ``strength`` scales every probability.
+    ``min_crop_scale``: the least share of the page a view keeps (1.0, the default: the whole page,
+    so no view loses the small print that tells same-shop receipts apart; held-out recall@1 on
+    real scans 0.874 / 0.887 against 0.837 / 0.846 at 0.8, benchmarks/README.md).
     ``min_page_scale`` < 1 shrinks the frame onto a background in half the views (down to that
     factor); ``max_perspective`` is the largest corner shift of the perspective step (a share
     of the side). ``harsh`` > 0 is the probability of each of four harsher looks no default

@@ -56,4 +56,42 @@ def load_npy(path: str | os.PathLike) -> np.ndarray:
         return np.load(handle, allow_pickle=False)
 
 
-__all__ = ["BadNpyFile", "load_npy"]
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of a regular ``.npz`` file (what ``numpy.savez`` writes: members stored, not
+    compressed), each only after its header matches the member's size, so neither a member
+    claiming a huge shape nor a compressed one that inflates without end is ever allocated."""
+    import zipfile
+
+    with open_regular(path, None) as handle:
+        try:
+            archive = zipfile.ZipFile(handle)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise BadNpyFile(f"{path}: not a readable .npz file ({exc})") from None
+        arrays = {}
+        with archive:
+            for member in archive.infolist():
+                where = f"{path} member {member.filename!r}"
+                if not member.filename.endswith(".npy") or member.compress_type != zipfile.ZIP_STORED:
+                    raise BadNpyFile(f"{where}: an .npz of receipt-embed holds stored .npy members only")
+                try:
+                    with archive.open(member) as stream:
+                        shape, _, dtype = _read_header(stream, where)
+                        header_bytes = stream.tell()
+                        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+                            raise BadNpyFile(f"{where} holds dtype {dtype.str}, not plain numbers or text")
+                        expected = math.prod(shape) * dtype.itemsize
+                        if expected != member.file_size - header_bytes:
+                            raise BadNpyFile(
+                                f"{where}: its header says shape {shape} of {dtype} ({expected} bytes), but it "
+                                f"holds {member.file_size - header_bytes} bytes of data"
+                            )
+                    with archive.open(member) as stream:
+                        arrays[member.filename[: -len(".npy")]] = npy_format.read_array(stream, allow_pickle=False)
+                except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+                    if isinstance(exc, BadNpyFile):
+                        raise
+                    raise BadNpyFile(f"{where} cannot be read: {exc}") from None
+        return arrays
+
+
+__all__ = ["BadNpyFile", "load_npy", "load_npz"]

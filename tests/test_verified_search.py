@@ -160,3 +160,29 @@ def test_items_that_disagree_on_their_arrays_are_refused_naming_both():
     packed = pack("v", [{"p": np.arange(4).reshape(2, 2)}, {"p": np.zeros((0, 2), int)}], lambda row: names[row])
     assert packed.count == 2 and packed.item(1)["p"].shape == (0, 2)
     assert np.array_equal(packed.item(0)["p"], np.arange(4).reshape(2, 2))
+
+
+def test_a_verifier_file_claiming_more_than_it_holds_is_refused_before_allocating(verified_index, tmp_path):
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy_format
+
+    bomb = tmp_path / "bomb"
+    shutil.copytree(verified_index, bomb)
+    header = io.BytesIO()
+    npy_format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**11, 2)})
+    with zipfile.ZipFile(bomb / "verifier-geometric.npz", "w") as archive:  # 800 GB claimed, a few bytes held
+        archive.writestr("points.npy", header.getvalue() + b"\0" * 16)
+    _rewrite_checksum(bomb, "verifier-geometric.npz")
+    with pytest.raises(IndexDirError, match=r"member 'points.npy': its header says shape \(100000000000, 2\)"):
+        load_index_dir(bomb)
+
+    deflated = tmp_path / "deflated"  # a compressed member could inflate without end: never read
+    shutil.copytree(verified_index, deflated)
+    with np.load(verified_index / "verifier-geometric.npz") as stored:
+        contents = {key: stored[key] for key in stored.files}
+    np.savez_compressed(deflated / "verifier-geometric.npz", **contents)
+    _rewrite_checksum(deflated, "verifier-geometric.npz")
+    with pytest.raises(IndexDirError, match="holds stored .npy members only"):
+        load_index_dir(deflated)

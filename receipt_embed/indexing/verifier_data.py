@@ -153,13 +153,12 @@ def write_verifier_file(path: Path, data: VerifierData) -> None:
 def read_verifier_file(path: Path, name: str, count: int, error) -> VerifierData:
     """The arrays of ``verifier-NAME.npz`` (its sha256 already checked against index.json), with
     offsets that fit them and the index's ``count``; anything else is ``error`` naming the file."""
-    import zipfile
+    from receipt_embed.npyfile import BadNpyFile, load_npz
 
     try:
-        with np.load(path, allow_pickle=False) as stored:
-            contents = {key: stored[key] for key in stored.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise error(f"{path} cannot be read as the verifier {quoted(name)}'s arrays: {exc}") from None
+        contents = load_npz(path)
+    except BadNpyFile as exc:
+        raise error(f"{exc} (the verifier {quoted(name)}'s data)") from None
     offsets = {key[: -len(OFFSETS)]: value for key, value in contents.items() if key.endswith(OFFSETS)}
     arrays = {key: value for key, value in contents.items() if not key.endswith(OFFSETS)}
     if set(arrays) != set(offsets) - {""}:

@@ -2,6 +2,10 @@
 
     python benchmarks/verification.py INDEX_DIR [--shortlist 10] [--queries N] [--json FILE]
 
+With the ``fields`` verifier in the index too (``index --verify geometric --verify fields``), its
+score alone and the verified score search uses (the mean of coverage and fields) are rows as well;
+the fields come from the manifest's columns, so they are as good as the team's OCR output is.
+
 Every indexed capture is a query (leave-one-out) against the others: its embedding shortlist is
 the exact ``--shortlist`` nearest other captures (from embeddings.npy), and each variant of the
 geometric verifier's score re-ranks it, from the per-capture data the index stores (so a query's
@@ -57,8 +61,15 @@ def main() -> None:
     queries = range(len(receipts) if args.queries is None else min(args.queries, len(receipts)))
     ratio, reprojection = params.get("ratio", 0.8), params.get("reprojection_px", 4.0)
 
-    hits = {name: 0 for name in VARIANTS}
-    sibling_above = {name: 0 for name in VARIANTS}
+    fields = None
+    if "fields" in index.verifiers:
+        from receipt_embed.plugin_manager import get_registry
+
+        fields = get_registry().create("verifier", "fields", **index.meta["verifiers"]["fields"]["params"])
+        field_data = index.verifiers["fields"]
+    names = [*VARIANTS, *(["fields", "verified: mean of coverage and fields"] if fields is not None else [])]
+    hits = {name: 0 for name in names}
+    sibling_above = {name: 0 for name in names}
     in_shortlist, pairs, pair_seconds = 0, 0, 0.0
     inliers_by = {"true": [], "sibling": [], "other": []}
     for query in queries:
@@ -77,8 +88,21 @@ def main() -> None:
             found.append((match.inliers, match.coverage))
         for (inliers, _), is_true, is_sibling in zip(found, true, sibling):
             inliers_by["true" if is_true else "sibling" if is_sibling else "other"].append(inliers)
-        for name, variant in VARIANTS.items():
-            score = sims[shortlist] if variant is None else np.array([variant(*pair) for pair in found], dtype=float)
+        agreement = (
+            None
+            if fields is None
+            else np.array([fields.score(field_data.item(query), field_data.item(int(r)))["score"] for r in shortlist])
+        )
+        for name in names:
+            variant = VARIANTS.get(name)
+            if name == "fields":
+                score = agreement
+            elif name.startswith("verified"):
+                score = (np.array([coverage for _, coverage in found]) + agreement) / 2
+            elif variant is None:
+                score = sims[shortlist]
+            else:
+                score = np.array([variant(*pair) for pair in found], dtype=float)
             order = np.argsort(-score, kind="stable")  # ties keep the embedding's order
             hits[name] += bool(true[order[0]])
             if true.any() and sibling.any():
@@ -94,7 +118,7 @@ def main() -> None:
             "sibling_above_true": sibling_above[name] / count,
             "true_in_shortlist": in_shortlist / count,
         }
-        for name in VARIANTS
+        for name in names
     ]
     distribution = {
         kind: {

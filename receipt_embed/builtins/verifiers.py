@@ -12,8 +12,15 @@ def build_geometric(**params):
     return GeometricVerifier(**params)
 
 
-# its parameters' annotations, for the registry's checks
+def build_fields(**params):
+    from receipt_embed.verification.fields import FieldsVerifier
+
+    return FieldsVerifier(**params)
+
+
+# their parameters' annotations, for the registry's checks
 build_geometric.signature_target = lazy_target("receipt_embed.verification.geometric", "GeometricVerifier")
+build_fields.signature_target = lazy_target("receipt_embed.verification.fields", "FieldsVerifier")
 
 
 @hookimpl
@@ -23,4 +30,10 @@ def register_verifiers(register):
         build_geometric,
         description="ORB keypoints and a MAGSAC++ homography: the page share its inliers cover "
         "(params: long_side, keypoints, ratio, reprojection_px)",
+    )
+    register(
+        "fields",
+        build_fields,
+        description="printed date, total, receipt number and shop from manifest columns, normalised "
+        "(params: fields, day_first)",
     )

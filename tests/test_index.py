@@ -684,7 +684,7 @@ def test_index_json_holds_exactly_the_keys_its_format_lists(tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32))
     index_embeddings(tmp_path / "x.npy", tmp_path / "m.jsonl", tmp_path / "ix")
     # verifiers: only with index --verify (tests/test_verified_search.py checks that index.json)
-    assert set(json.loads((tmp_path / "ix" / "index.json").read_text())) == META_KEYS - {"verifiers"}
+    assert set(json.loads((tmp_path / "ix" / "index.json").read_text())) == META_KEYS - {"verifiers", "calibration"}
 
 
 def _flat_png(path, size=(40, 80), colour=(200, 200, 200)):

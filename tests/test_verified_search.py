@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import run_cli, train_tiny
+from conftest import builtin_registry, run_cli, train_tiny
 from PIL import Image
 
 from receipt_embed.errors import BadInput
@@ -37,7 +37,7 @@ def verified_index(trained, tmp_path_factory):
 
 def test_index_verify_stores_what_extract_gives_each_capture(verified_index):
     meta = json.loads((verified_index / "index.json").read_text())
-    assert set(meta) == META_KEYS
+    assert set(meta) == META_KEYS - {"calibration"}  # calibration: written by `calibrate` (tested below)
     record = meta["verifiers"]["geometric"]
     assert record["params"] == {"keypoints": 800} and record["plugin"] == "builtin.verifiers"
     assert record["file"] == "verifier-geometric.npz" and record["extract_seconds"] > 0
@@ -186,3 +186,94 @@ def test_a_verifier_file_claiming_more_than_it_holds_is_refused_before_allocatin
     _rewrite_checksum(deflated, "verifier-geometric.npz")
     with pytest.raises(IndexDirError, match="holds stored .npy members only"):
         load_index_dir(deflated)
+
+
+def test_the_pr_curve_and_the_chosen_threshold_match_a_brute_force_count():
+    from receipt_embed.indexing.calibration import choose, pr_curve
+
+    rng = np.random.default_rng(0)
+    scores = np.round(rng.uniform(0, 1, 200), 2)  # rounded: many ties, which a threshold flags together
+    right = rng.uniform(0, 1, 200) < scores  # higher scores are more often right
+    positives = int(right.sum()) + 7  # some duplicates whose nearest capture is another receipt
+    curve = pr_curve(scores, right, positives)
+    assert [p["threshold"] for p in curve] == sorted(set(scores.tolist()), reverse=True)
+    for point in curve:
+        flagged = scores >= point["threshold"]
+        assert point["flagged"] == flagged.sum()
+        assert point["precision"] == pytest.approx(right[flagged].mean())
+        assert point["recall"] == pytest.approx(right[flagged].sum() / positives)
+    chosen = choose(curve, 0.9)
+    assert chosen["precision"] >= 0.9
+    assert all(p["recall"] <= chosen["recall"] for p in curve if p["precision"] >= 0.9)
+    assert choose(curve, 1.01) is None
+
+
+def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_path):
+    from receipt_embed.indexing.calibration import best_neighbours
+
+    index_dir = tmp_path / "calibrated"
+    shutil.copytree(verified_index, index_dir)
+    query = load_index_dir(index_dir).items[3]["path"]
+    said = cli("search", index_dir, query, "--threshold", "auto")
+    assert said.returncode == 2 and "has no calibration for it; run `receipt-embed calibrate" in said.stderr
+    said = cli("calibrate", index_dir, "--target-precision", "0.9")
+    assert said.returncode == 0, said.stderr
+    assert "of duplicates caught" in said.stdout and "false alarms per 100 flagged" in said.stdout
+    assert "embedding: " in said.stdout and "verified: " in said.stdout
+    index = load_index_dir(index_dir)  # checksums still hold: only index.json changed
+    calibration = index.meta["calibration"]
+    assert calibration["target_precision"] == 0.9 and calibration["queries"] == index.count
+    receipts = np.array([item["receipt_id"] for item in index.items])
+    assert calibration["embedding"]["threshold"] is not None  # the tiny model's neighbours reach 0.9
+    for kind in ("embedding", "verified"):
+        chosen = calibration[kind]
+        scores, rows = best_neighbours(index, builtin_registry(), verify=kind == "verified")
+        right = receipts[rows] == receipts
+        if chosen["threshold"] is None:
+            continue
+        flagged = scores >= chosen["threshold"]
+        assert right[flagged].mean() >= 0.9 and chosen["precision"] == pytest.approx(right[flagged].mean())
+        assert chosen["recall"] == pytest.approx(right[flagged].sum() / calibration["duplicates_findable"])
+    threshold = calibration["embedding"]["threshold"]
+    plain = json.loads(cli("search", index_dir, query, "--json").stdout)[0]  # no --threshold: the calibrated one
+    assert plain["duplicate"] == (plain["neighbours"][0]["similarity"] >= threshold - 1e-6)
+    table = cli("search", index_dir, query, "--threshold", "auto")
+    assert f">= {threshold:g})" in table.stdout or f"below {threshold:g})" in table.stdout
+
+
+def test_calibrate_refuses_an_index_it_cannot_calibrate(cli, tmp_path):
+    rows = [{"path": f"img{i}.jpg", "receipt_id": f"r{i}", "device": "d"} for i in range(6)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(6, 8)).astype(np.float32))
+    assert (
+        cli(
+            "index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.jsonl", "--out", tmp_path / "ix"
+        ).returncode
+        == 0
+    )
+    said = cli("calibrate", tmp_path / "ix")
+    assert said.returncode == 2 and "no receipt has two captures, so no duplicate can be found" in said.stderr
+    said = cli("calibrate", tmp_path / "ix", "--target-precision", "0")
+    assert said.returncode == 2 and "--target-precision" in said.stderr
+
+
+def test_an_unreachable_target_is_said_in_words_and_auto_refuses_it(tmp_path):
+    from types import SimpleNamespace
+
+    from receipt_embed.indexing.calibration import calibrated_threshold, in_words
+
+    entry = {"threshold": None, "curve": [{"threshold": 0.6875, "precision": 0.92, "recall": 0.13, "flagged": 25}]}
+    assert (
+        in_words("verified", entry, 0.99)
+        == "verified: no threshold reaches 99.0% precision (the best is 92.0% at 0.6875)"
+    )
+    chosen = {"threshold": 0.97511, "precision": 0.993, "recall": 0.817, "flagged": 148, "curve": []}
+    assert in_words("embedding", chosen, 0.99) == (
+        "embedding: at threshold 0.9751, 81.7% of duplicates caught, 0.7 false alarms per 100 flagged (148 flagged)"
+    )
+    index = SimpleNamespace(
+        path=tmp_path, meta={"calibration": {"target_precision": 0.99, "embedding": chosen, "verified": entry}}
+    )
+    assert calibrated_threshold(index, verified=False) == 0.97511
+    with pytest.raises(IndexDirError, match="no verified threshold of .* reached the target precision 0.99"):
+        calibrated_threshold(index, verified=True)

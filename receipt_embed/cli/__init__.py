@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Join the shard dirs of `index --shard` into one index dir.",
     ),
     "search": ("receipt_embed.cli.search:search", "Find a receipt's other captures, or all near-duplicate pairs."),
+    "calibrate": (
+        "receipt_embed.cli.calibrate:calibrate",
+        "Pick duplicate thresholds that reach a target precision on a labelled index.",
+    ),
     "audit-shortcuts": (
         "receipt_embed.cli.audit:audit_shortcuts",
         "Audit an index: retrieval, and clustering by device or other metadata.",

@@ -22,10 +22,10 @@ def _print_results(results: list[dict], threshold) -> None:
             match = result["match"]
             verdict = (
                 f"DUPLICATE of receipt {printable(match['receipt_id'])} ({_score_name(match)} "
-                f"{_score_of(match):.3f} >= {threshold})"
+                f"{_score_of(match):.3f} >= {threshold:g})"
                 if match
                 else f"no duplicate (best {_score_name(result['neighbours'][0] if result['neighbours'] else {})} "
-                f"below {threshold})"
+                f"below {threshold:g})"
             )
             click.echo(f"  {verdict}")
         for rank, hit in enumerate(result["neighbours"], start=1):
@@ -60,15 +60,27 @@ def _score_of(hit: dict) -> float:
     return hit["verified"]["score"] if "verified" in hit else hit["similarity"]
 
 
+class ThresholdType(click.ParamType):
+    """A finite number in [-1, 1], or ``auto``: the threshold `receipt-embed calibrate` stored."""
+
+    name = "T|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return FiniteFloatRange(-1, 1).convert(value, param, ctx)
+
+
 @click.command()
 @click.argument("index_dir", type=GivenPath(file_okay=False))
 @click.argument("images", nargs=-1, type=GivenPath(dir_okay=False))
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Neighbours per query.")
 @click.option(
     "--threshold",
-    type=FiniteFloatRange(-1, 1),
+    type=ThresholdType(),
     default=None,
-    help="Cosine similarity at or above which a neighbour counts as a duplicate.",
+    help="Score at or above which a neighbour counts as a duplicate (cosine similarity, or the verified "
+    "score with --verify), or auto: the one `receipt-embed calibrate` stored [auto when a calibration exists].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
@@ -184,6 +196,7 @@ def search(
         if all_pairs:
             check_pairs_out(out_file, index_dir, force)
         loaded_index = load_index_dir(index_dir)
+        threshold = _resolved_threshold(loaded_index, threshold, verify and not all_pairs, images_query=not all_pairs)
         if all_pairs:
             _all_pairs(loaded_index, threshold, out_file, recheck=lambda: check_pairs_out(out_file, index_dir, force))
             return
@@ -207,6 +220,18 @@ def search(
         click.echo(json.dumps(results, indent=2))
     else:
         _print_results(results, threshold)
+
+
+def _resolved_threshold(index, threshold, verified: bool, images_query: bool):
+    """``auto`` becomes the calibrated threshold; none given is auto for image queries when the
+    index holds a calibration of that score (so a calibrated index gives verdicts by default)."""
+    from receipt_embed.indexing.calibration import calibrated_threshold
+
+    kind = "verified" if verified else "embedding"
+    stored = ((index.meta.get("calibration") or {}).get(kind) or {}).get("threshold")
+    if threshold is None and images_query and stored is not None:
+        threshold = "auto"
+    return calibrated_threshold(index, verified) if threshold == "auto" else threshold
 
 
 def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:

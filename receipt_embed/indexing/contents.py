@@ -83,6 +83,7 @@ def check_meta_types(meta: dict, meta_path: Path, error) -> None:
     if meta.get("features") not in FEATURES:
         raise bad("features", wanted='null, "backbone" or "head"')
     _check_files_entry(meta, bad)
+    _check_calibration_entry(meta, bad)
     for key in SOURCE_STRINGS:
         if key in meta["source"] and not isinstance(meta["source"][key], str):
             raise bad("source", key, wanted="a string")
@@ -116,6 +117,26 @@ def _check_verifiers_entry(meta: dict, bad) -> tuple[str, ...]:
         if not isinstance(record.get("params"), dict):
             raise bad("verifiers", name, wanted="a record with params, an object")
     return tuple(verifier_file(name) for name in verifiers)
+
+
+def _check_calibration_entry(meta: dict, bad) -> None:
+    """index.json's ``calibration``: the thresholds ``search --threshold auto`` reads must be numbers."""
+    calibration = meta.get("calibration")
+    if calibration is None:
+        return
+    if not isinstance(calibration, dict):
+        raise bad("calibration", wanted="an object (what `receipt-embed calibrate` writes)")
+    for kind in ("embedding", "verified"):
+        if kind not in calibration:
+            continue
+        entry = calibration[kind]
+        if not isinstance(entry, dict):
+            raise bad("calibration", kind, wanted="an object with threshold, precision and recall")
+        threshold = entry.get("threshold")
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
+            raise bad("calibration", kind, "threshold", wanted="a number or null")
+        if isinstance(threshold, float) and threshold != threshold:
+            raise bad("calibration", kind, "threshold", wanted="a number or null")
 
 
 def _check_files_entry(meta: dict, bad) -> None:

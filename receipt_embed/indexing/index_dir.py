@@ -44,7 +44,7 @@ FORMAT_VERSION = 1
 META_KEYS = frozenset(
     ("format_version", "count", "dim", "metric", "normalised", "factory", "exact", "search_params", "recall_at_10",
      "recall_queries", "train_size", "build_seconds", "tune_seconds", "features", "source", "files", "created",
-     "receipt_embed_version", "verifiers")
+     "receipt_embed_version", "verifiers", "calibration")
 )  # fmt: skip
 # index.json is a page of metadata; anything far larger is not one
 MAX_META_BYTES = 16 * 1024 * 1024
@@ -170,6 +170,19 @@ def _write_index_files(
     if verifiers:
         meta["verifiers"] = {name: {**record, "file": verifier_file(name)} for name, (_, record) in verifiers.items()}
     atomic_write_json(out / META_FILE, meta)
+    return meta
+
+
+def write_calibration(path: str | Path, record: dict) -> dict:
+    """Store ``record`` as index.json's ``calibration``, under the dir's writer lock and atomically
+    (the other files, and so their checksums, are untouched); returns the index.json written."""
+    from receipt_embed.locking import write_lock
+
+    path = Path(path)
+    with write_lock(path):
+        meta = read_meta(path)
+        meta["calibration"] = record
+        atomic_write_json(path / META_FILE, meta)
     return meta
 
 

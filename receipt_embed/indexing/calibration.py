@@ -1,0 +1,166 @@
+"""Calibrated duplicate thresholds: what similarity (or verified score) a reviewer can trust.
+
+On a labelled index every capture is a query against the others (leave-one-out), as a new
+submission is checked against past ones. The question each answers is "is my nearest other
+capture the same receipt?": a query is *flagged* when its best score reaches the threshold, a
+flag is *right* when that nearest capture is another capture of its receipt, and recall counts
+the right flags among the queries whose receipt has another capture in the index. Sweeping the
+threshold gives the precision-recall curve; the calibrated threshold is the lowest one whose
+precision reaches the target, so recall is the highest the target allows. It is stored in
+``index.json`` under ``calibration`` (``embedding``, and ``verified`` when the index stores
+verifiers), where ``search --threshold auto`` reads it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from receipt_embed.errors import BadInput
+from receipt_embed.indexing.index_dir import IndexDir
+
+CURVE_POINTS = 101  # the curve kept in index.json, for the audit's plot
+
+
+def best_neighbours(index_dir: IndexDir, registry=None, verify: bool = False, shortlist: int = 10):
+    """Per item: the score and row of its best other capture, by embedding similarity or (``verify``)
+    by the verified score of the embedding's ``shortlist`` (the index's stored verifier data)."""
+    import faiss
+
+    vectors = np.ascontiguousarray(index_dir.embeddings, dtype=np.float32)
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    flat.add(vectors)
+    k = min(len(vectors), (shortlist if verify else 1) + 1)
+    sims, ids = flat.search(vectors, k)
+    scores, rows = np.empty(len(vectors)), np.empty(len(vectors), dtype=np.int64)
+    checks = None
+    if verify:
+        from receipt_embed.indexing.verification import verifiers_of
+
+        checks = verifiers_of(index_dir, [], registry)
+    for query in range(len(vectors)):
+        keep = ids[query] != query  # the query itself (or a byte-identical copy ranked first) is dropped
+        keep &= ids[query] >= 0
+        candidates, similarities = ids[query][keep][: k - 1], sims[query][keep][: k - 1]
+        if checks is None:
+            scores[query], rows[query] = similarities[0], candidates[0]
+            continue
+        verified = [
+            np.mean(
+                [
+                    float(verifier.score(data.item(query), data.item(int(row)))["score"])
+                    for verifier, data in checks.values()
+                ]
+            )
+            for row in candidates
+        ]
+        best = int(np.argmax(verified))  # ties: the embedding's order
+        scores[query], rows[query] = verified[best], candidates[best]
+    return scores, rows
+
+
+def pr_curve(scores: np.ndarray, right: np.ndarray, positives: int) -> list[dict]:
+    """Precision and recall when flagging every query whose score is >= each distinct score."""
+    order = np.argsort(-scores, kind="stable")
+    ordered, hits = scores[order], right[order].astype(np.int64)
+    true, flagged = np.cumsum(hits), np.arange(1, len(hits) + 1)
+    last_of_value = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True])  # a threshold flags whole ties
+    return [
+        {
+            "threshold": float(ordered[i]),
+            "flagged": int(flagged[i]),
+            "precision": float(true[i] / flagged[i]),
+            "recall": float(true[i] / positives) if positives else 0.0,
+        }
+        for i in last_of_value
+    ]
+
+
+def choose(curve: list[dict], target: float) -> dict | None:
+    """The point of highest recall whose precision reaches ``target`` (None when none does)."""
+    reaching = [point for point in curve if point["precision"] >= target]
+    return max(reaching, key=lambda point: (point["recall"], point["threshold"])) if reaching else None
+
+
+def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99, shortlist: int = 10) -> dict:
+    """The ``calibration`` record for ``index_dir``: per score kind, the chosen threshold with its
+    precision and recall, and the curve (at most CURVE_POINTS points)."""
+    if not 0 < target_precision <= 1:
+        raise BadInput(f"--target-precision must be in (0, 1], got {target_precision}")
+    receipts = [item.get("receipt_id") for item in index_dir.items]
+    if any(r in (None, "") for r in receipts):
+        raise BadInput(f"{index_dir.path} has unlabelled items (no receipt_id): calibration needs a labelled index")
+    if index_dir.count < 3:
+        raise BadInput(f"{index_dir.path} holds {index_dir.count} items: calibration needs at least 3")
+    labels = np.unique(np.array(receipts), return_inverse=True)[1]
+    captures = np.bincount(labels)
+    positives = int(np.sum(captures[labels] >= 2))
+    if positives == 0:
+        raise BadInput(
+            f"{index_dir.path}: no receipt has two captures, so no duplicate can be found: "
+            "calibrate on an index where receipts were captured more than once"
+        )
+    kinds = ["embedding", *(["verified"] if index_dir.meta.get("verifiers") else [])]
+    record = {
+        "target_precision": target_precision,
+        "queries": index_dir.count,
+        "duplicates_findable": positives,
+        "receipts": int(len(captures)),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    for kind in kinds:
+        scores, rows = best_neighbours(index_dir, registry, verify=kind == "verified", shortlist=shortlist)
+        right = labels[rows] == labels
+        curve = pr_curve(scores, right, positives)
+        chosen = choose(curve, target_precision)
+        record[kind] = {
+            "threshold": None if chosen is None else chosen["threshold"],
+            "precision": None if chosen is None else chosen["precision"],
+            "recall": None if chosen is None else chosen["recall"],
+            "flagged": None if chosen is None else chosen["flagged"],
+            **({"shortlist": shortlist, "verifiers": list(index_dir.meta["verifiers"])} if kind == "verified" else {}),
+            "curve": _thinned(curve),
+        }
+    return record
+
+
+def _thinned(curve: list[dict]) -> list[dict]:
+    if len(curve) <= CURVE_POINTS:
+        return curve
+    picks = np.unique(np.linspace(0, len(curve) - 1, CURVE_POINTS).round().astype(int))
+    return [curve[i] for i in picks]
+
+
+def in_words(kind: str, chosen: dict, target: float) -> str:
+    """A reviewer's reading of one calibrated threshold."""
+    if chosen["threshold"] is None:
+        best = max(chosen["curve"], key=lambda point: point["precision"]) if chosen["curve"] else None
+        reached = f" (the best is {best['precision']:.1%} at {best['threshold']:.4f})" if best else ""
+        return f"{kind}: no threshold reaches {target:.1%} precision{reached}"
+    false_alarms = (1 - chosen["precision"]) * 100
+    return (
+        f"{kind}: at threshold {chosen['threshold']:.4f}, {chosen['recall']:.1%} of duplicates caught, "
+        f"{false_alarms:.1f} false alarms per 100 flagged ({chosen['flagged']} flagged)"
+    )
+
+
+def calibrated_threshold(index_dir: IndexDir, verified: bool) -> float:
+    """The threshold ``calibrate`` stored for the embedding or (``verified``) the verified score."""
+    from receipt_embed.indexing.index_dir import IndexDirError
+
+    kind = "verified" if verified else "embedding"
+    calibration = index_dir.meta.get("calibration")
+    if not calibration or kind not in calibration:
+        what = "its verified scores" if verified and calibration else "it"
+        raise IndexDirError(
+            f"--threshold auto: {index_dir.path} has no calibration for {what}; run `receipt-embed calibrate "
+            f"{index_dir.path}`{' (after `index --verify`)' if verified else ''}, or give --threshold T"
+        )
+    threshold = calibration[kind].get("threshold")
+    if threshold is None:
+        raise IndexDirError(
+            f"--threshold auto: no {kind} threshold of {index_dir.path} reached the target precision "
+            f"{calibration.get('target_precision')}; calibrate with a lower --target-precision, or give --threshold T"
+        )
+    return float(threshold)

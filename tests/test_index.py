@@ -73,12 +73,20 @@ def test_search_round_trip_finds_the_item_itself_first(cli, trained, heldout_ind
         first = answer["neighbours"][0]
         assert first["row"] == row and first["same_file"] and first["similarity"] == pytest.approx(1.0, abs=1e-4)
         assert first["receipt_id"] == items[row]["receipt_id"] and first["device"] == items[row]["device"]
-        assert len(answer["neighbours"]) == 3 and answer["duplicate"] and answer["match"] == first
+        assert len(answer["neighbours"]) == 3 and answer["already_indexed"] == row
+        other = answer["neighbours"][1]  # the verdict is about the other captures, never the query's own file
+        assert not other["same_file"]
+        assert answer["match"] == (other if other["similarity"] >= 0.5 - 1e-6 else None)
+        assert answer["duplicate"] == (answer["match"] is not None)
     table = cli("search", heldout_index, queries[0], "--threshold", "1.0")
     assert table.returncode == 0
     assert "no duplicate" in table.stdout or "DUPLICATE" in table.stdout  # 1.0 sits on the float edge
-    table = cli("search", heldout_index, queries[0], "--threshold", "0.2")
-    assert f"DUPLICATE of receipt {items[0]['receipt_id']}" in table.stdout and "[same file]" in table.stdout
+    table = cli("search", heldout_index, queries[0], "--threshold", "-1")
+    assert "already indexed (row 0)" in table.stdout and "[same file]" in table.stdout
+    other = json.loads(cli("search", heldout_index, queries[0], "--k", "2", "--json").stdout)[0]["neighbours"][1]
+    assert f"DUPLICATE of receipt {other['receipt_id']} (similarity {other['similarity']:.3f} >= -1)" in table.stdout
+    alone = json.loads(cli("search", heldout_index, queries[0], "--k", "1", "--threshold", "-1", "--json").stdout)[0]
+    assert [h["row"] for h in alone["neighbours"]] == [0] and alone["match"]["row"] == other["row"]
 
 
 def test_search_needs_the_checkpoint_that_built_the_index(cli, trained, heldout_index, tmp_path):

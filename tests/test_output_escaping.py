@@ -53,11 +53,12 @@ def test_search_table_cannot_be_forged(crafted_index):
     result = run_cli("search", crafted_index, query, "--threshold", "-1", "--k", "5")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == printable(str(query)) and lines[1].startswith("  DUPLICATE of receipt ")
+    assert lines[0] == printable(str(query)) and lines[1].startswith("  already indexed (row ")
+    assert lines[2].startswith("  DUPLICATE of receipt ")
     assert not any(line.strip() == FAKE_LINE for line in lines)
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
     assert "\\x1b[2J" in result.stdout or "x\\nDUPLICATE" in result.stdout
-    assert len(lines) == 7  # query, verdict, five neighbours: one line each
+    assert len(lines) == 8  # query, already indexed, verdict, five neighbours: one line each
 
     result = run_cli("search", crafted_index, query, "--threshold", "-1", "--json")
     assert result.returncode == 0, result.stderr

@@ -18,6 +18,8 @@ def _print_results(results: list[dict], threshold) -> None:
     """The table; values from the index are escaped, so none can print a line of its own."""
     for result in results:
         click.echo(printable(result["query"]))
+        if result.get("already_indexed") is not None:
+            click.echo(f"  already indexed (row {result['already_indexed']}): the verdict is about its other captures")
         if threshold is not None:
             match = result["match"]
             verdict = (

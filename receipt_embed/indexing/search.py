@@ -132,7 +132,9 @@ def search_images(
     verify: list[str] | None = None,
     shortlist: int = 10,
 ) -> list[dict]:
-    """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict. Queries
+    """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict on the
+    captures other than the query's own file (``already_indexed``: its row when the query is
+    byte-identical to an indexed capture, found among the top k + 1). Queries
     are decoded within :func:`query_limits` (``max_pixels`` / ``max_bytes``: the user's own).
 
     ``verify`` (verifier names; ``[]``: every verifier the index stores) re-ranks the embedding's
@@ -149,7 +151,9 @@ def search_images(
     vectors = embed_paths(
         loaded, [str(p) for p in images], index_dir.meta["features"], batch_size=batch_size, limits=limits
     )
-    sims, ids = neighbours(index_dir, vectors, k if checks is None else max(k, shortlist))
+    # one more: a query that is itself indexed still gets k (or --shortlist) others to judge
+    wanted = k if checks is None else max(k, shortlist)
+    sims, ids = neighbours(index_dir, vectors, wanted + 1)
     results = []
     for path, digest, row_sims, row_ids in zip(images, digests, sims, ids):
         hits = []
@@ -167,12 +171,21 @@ def search_images(
                     "same_file": item.get("sha256") == digest,
                 }
             )
+        if not any(hit["same_file"] for hit in hits):
+            hits = hits[:wanted]
         if checks is not None:
-            hits = check_pairs(checks, registry, str(path), hits, limits)[:k]
-        result = {"query": str(path), "neighbours": hits}
-        if threshold is not None:
+            hits = check_pairs(checks, registry, str(path), hits, limits)
+        itself = next((hit for hit in hits if hit["same_file"]), None)
+        result = {
+            "query": str(path),
+            "neighbours": hits[:k],
+            "already_indexed": None if itself is None else itself["row"],
+        }
+        if threshold is not None:  # the verdict is about the other captures, never the query's own file
             score = (lambda hit: hit["similarity"]) if checks is None else (lambda hit: hit["verified"]["score"])
-            match = hits[0] if hits and float(score(hits[0])) >= threshold - SIMILARITY_TOLERANCE else None
+            others = [hit for hit in hits if not hit["same_file"]]
+            best = others[0] if others else None
+            match = best if best and float(score(best)) >= threshold - SIMILARITY_TOLERANCE else None
             result["duplicate"] = match is not None
             result["match"] = match
         results.append(result)

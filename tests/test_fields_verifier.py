@@ -96,14 +96,17 @@ def test_one_receipt_agrees_a_sibling_differs_and_no_shared_field_is_no_evidence
         "score": 1.0,
         "agree": ["date", "total", "receipt_number", "merchant"],
         "differ": [],
+        "abstain": False,
     }
     sibling = {**receipt, "date": "26/12/2018", "total": "12.40"}
     assert _scored(verifier, receipt, sibling) == {
         "score": 0.0,
         "agree": ["receipt_number", "merchant"],
         "differ": ["date", "total"],
+        "abstain": False,
     }
-    assert _scored(verifier, receipt, {"path": "x.jpg"}) == {"score": 0.5, "agree": [], "differ": []}
+    # no shared field: no evidence, left out of the verified score
+    assert _scored(verifier, receipt, {"path": "x.jpg"}) == {"score": 0.5, "agree": [], "differ": [], "abstain": True}
     assert _scored(verifier, {"date": "not a date"}, {"date": "25/12/2018"})["score"] == 0.5  # unreadable: no evidence
 
 

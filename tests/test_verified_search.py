@@ -285,3 +285,11 @@ def test_an_unreachable_target_is_said_in_words_and_auto_refuses_it(tmp_path):
     assert calibrated_threshold(index, verified=False) == 0.97511
     with pytest.raises(IndexDirError, match="no verified threshold of .* reached the target precision 0.99"):
         calibrated_threshold(index, verified=True)
+
+
+def test_a_verifier_without_evidence_is_left_out_of_the_verified_score():
+    from receipt_embed.indexing.verification import verified_score
+
+    assert verified_score([{"score": 0.8}, {"score": 0.5, "abstain": True}]) == 0.8
+    assert verified_score([{"score": 0.8}, {"score": 0.0, "abstain": False}]) == 0.4
+    assert verified_score([{"score": 0.5, "abstain": True}]) == 0.5

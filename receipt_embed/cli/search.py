@@ -198,7 +198,13 @@ def search(
         if all_pairs:
             check_pairs_out(out_file, index_dir, force)
         loaded_index = load_index_dir(index_dir)
-        threshold = _resolved_threshold(loaded_index, threshold, verify and not all_pairs, images_query=not all_pairs)
+        threshold = _resolved_threshold(
+            loaded_index,
+            threshold,
+            verify and not all_pairs,
+            images_query=not all_pairs,
+            verifiers=list(verifier_names),
+        )
         if all_pairs:
             _all_pairs(loaded_index, threshold, out_file, recheck=lambda: check_pairs_out(out_file, index_dir, force))
             return
@@ -224,7 +230,7 @@ def search(
         _print_results(results, threshold)
 
 
-def _resolved_threshold(index, threshold, verified: bool, images_query: bool):
+def _resolved_threshold(index, threshold, verified: bool, images_query: bool, verifiers=()):
     """``auto`` becomes the calibrated threshold; none given is auto for image queries when the
     index holds a calibration of that score (so a calibrated index gives verdicts by default)."""
     from receipt_embed.indexing.calibration import calibrated_threshold
@@ -233,7 +239,7 @@ def _resolved_threshold(index, threshold, verified: bool, images_query: bool):
     stored = ((index.meta.get("calibration") or {}).get(kind) or {}).get("threshold")
     if threshold is None and images_query and stored is not None:
         threshold = "auto"
-    return calibrated_threshold(index, verified) if threshold == "auto" else threshold
+    return calibrated_threshold(index, verified, list(verifiers)) if threshold == "auto" else threshold
 
 
 def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from receipt_embed.errors import BadInput
 from receipt_embed.indexing.index_dir import IndexDir
+from receipt_embed.indexing.verification import verified_score
 
 CURVE_POINTS = 101  # the curve kept in index.json, for the audit's plot
 
@@ -36,9 +37,7 @@ def best_neighbours(index_dir: IndexDir, registry=None, verify: bool = False, sh
     scores, rows = np.empty(len(vectors)), np.empty(len(vectors), dtype=np.int64)
     checks = None
     if verify:
-        from receipt_embed.indexing.verification import verifiers_of
-
-        checks = verifiers_of(index_dir, [], registry)
+        checks = image_checks(index_dir, registry)
     for query in range(len(vectors)):
         keep = ids[query] != query  # the query itself (or a byte-identical copy ranked first) is dropped
         keep &= ids[query] >= 0
@@ -47,17 +46,24 @@ def best_neighbours(index_dir: IndexDir, registry=None, verify: bool = False, sh
             scores[query], rows[query] = similarities[0], candidates[0]
             continue
         verified = [
-            np.mean(
-                [
-                    float(verifier.score(data.item(query), data.item(int(row)))["score"])
-                    for verifier, data in checks.values()
-                ]
+            verified_score(
+                [verifier.score(data.item(query), data.item(int(row))) for verifier, data in checks.values()]
             )
             for row in candidates
         ]
         best = int(np.argmax(verified))  # ties: the embedding's order
         scores[query], rows[query] = verified[best], candidates[best]
     return scores, rows
+
+
+def image_checks(index_dir: IndexDir, registry) -> dict:
+    """The index's verifiers that read the capture's pixels. A query image has no manifest row, so a
+    verifier of rows (``fields``) abstains on it: the verified score is calibrated as a search of an
+    image scores it, on these alone."""
+    from receipt_embed.indexing.verification import verifiers_of
+
+    checks = verifiers_of(index_dir, [], registry)
+    return {name: check for name, check in checks.items() if getattr(check[0], "needs_image", True) is not False}
 
 
 def pr_curve(scores: np.ndarray, right: np.ndarray, positives: int) -> list[dict]:
@@ -101,7 +107,8 @@ def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99
             f"{index_dir.path}: no receipt has two captures, so no duplicate can be found: "
             "calibrate on an index where receipts were captured more than once"
         )
-    kinds = ["embedding", *(["verified"] if index_dir.meta.get("verifiers") else [])]
+    images = list(image_checks(index_dir, registry)) if index_dir.meta.get("verifiers") else []
+    kinds = ["embedding", *(["verified"] if images else [])]
     record = {
         "target_precision": target_precision,
         "queries": index_dir.count,
@@ -119,7 +126,7 @@ def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99
             "precision": None if chosen is None else chosen["precision"],
             "recall": None if chosen is None else chosen["recall"],
             "flagged": None if chosen is None else chosen["flagged"],
-            **({"shortlist": shortlist, "verifiers": list(index_dir.meta["verifiers"])} if kind == "verified" else {}),
+            **({"shortlist": shortlist, "verifiers": images} if kind == "verified" else {}),
             "curve": _thinned(curve),
         }
     return record
@@ -145,8 +152,10 @@ def in_words(kind: str, chosen: dict, target: float) -> str:
     )
 
 
-def calibrated_threshold(index_dir: IndexDir, verified: bool) -> float:
-    """The threshold ``calibrate`` stored for the embedding or (``verified``) the verified score."""
+def calibrated_threshold(index_dir: IndexDir, verified: bool, verifiers: list[str] | None = None) -> float:
+    """The threshold ``calibrate`` stored for the embedding or (``verified``) the verified score;
+    ``verifiers``: those the search uses (all the index stores when empty), which must include
+    every one the threshold was calibrated on."""
     from receipt_embed.indexing.index_dir import IndexDirError
 
     kind = "verified" if verified else "embedding"
@@ -156,6 +165,14 @@ def calibrated_threshold(index_dir: IndexDir, verified: bool) -> float:
         raise IndexDirError(
             f"--threshold auto: {index_dir.path} has no calibration for {what}; run `receipt-embed calibrate "
             f"{index_dir.path}`{' (after `index --verify`)' if verified else ''}, or give --threshold T"
+        )
+    used = list(verifiers or (index_dir.meta.get("verifiers") or {}))
+    missing = [name for name in calibration[kind].get("verifiers", []) if name not in used] if verified else []
+    if missing:
+        raise IndexDirError(
+            f"--threshold auto: the verified threshold of {index_dir.path} was calibrated with "
+            f"{', '.join(calibration[kind]['verifiers'])}, and this search leaves out {', '.join(missing)}; "
+            "drop --verifier, or give --threshold T"
         )
     threshold = calibration[kind].get("threshold")
     if threshold is None:

@@ -58,10 +58,17 @@ def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limit
             with plugin_errors(registry, "verifier", name, f"scoring {query_path} against {hit['path']}"):
                 result = verifier.score(queries[name], data.item(hit["row"]))
             figures[name] = _score(name, result)
-        fused = float(np.mean([figures[name]["score"] for name in checks]))
+        fused = verified_score(figures.values())
         checked.append({**hit, "verified": {"score": round(fused, 6), **figures}})
     order = sorted(range(len(checked)), key=lambda i: (-checked[i]["verified"]["score"], i))
     return [checked[i] for i in order]
+
+
+def verified_score(results) -> float:
+    """The mean score of the verifiers that had evidence: a result with ``abstain`` true (the fields
+    verifier when the two captures share no field) is left out; 0.5 when every one abstains."""
+    scores = [float(result["score"]) for result in results if not result.get("abstain")]
+    return float(np.mean(scores)) if scores else 0.5
 
 
 def _score(name: str, result) -> dict:

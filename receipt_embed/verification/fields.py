@@ -9,7 +9,8 @@ exactly those. The values come from manifest columns (most teams already have OC
 ``123``, ``Book Ta.K`` = ``BOOK TA K``.
 
 Score: 0 when a field both captures carry differs (another receipt), 1 when every field both
-carry agrees, 0.5 when they share none (no evidence either way).
+carry agrees, 0.5 with ``abstain`` when they share none (no evidence either way: the verified
+score, the mean of the verifiers' scores, leaves it out).
 """
 
 from __future__ import annotations
@@ -164,4 +165,5 @@ class FieldsVerifier:
             if a and b:
                 (agree if a == b else differ).append(column)
         score = 0.0 if differ else 1.0 if agree else 0.5
-        return {"score": score, "agree": agree, "differ": differ}
+        # no field in common: no evidence, so the verified score leaves this verifier out
+        return {"score": score, "agree": agree, "differ": differ, "abstain": not (agree or differ)}

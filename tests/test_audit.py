@@ -133,6 +133,24 @@ def test_missing_attribute_is_named():
         audit_figures(x, items, ["device"])
 
 
+def test_an_empty_or_single_valued_context_attribute_is_listed_as_not_tested():
+    """Issue 16 item 6: a context column that is empty (for every item, or for some: context is
+    never flagged) or single-valued is not tested and says why; the audit itself runs."""
+    x, items, _, _ = synthetic(0.0, receipts=10)
+    for i, item in enumerate(items):
+        item["merchant"], item["shop"], item["note"] = "", "ONE", "" if i == 3 else f"n{i % 3}"
+    figures = audit_figures(x, items, ["device"], context=("merchant", "shop", "note"))
+    assert figures["untestable"] == {
+        "merchant": "it is empty for every item",
+        "shop": "it has a single value ('ONE')",
+        "note": "it is empty or absent for 1 of 30 items, first item 3",
+    }
+    assert set(figures["shortcuts"]) == {"device"}
+    with pytest.raises(ValueError, match="attribute 'note' is empty or absent for 1 of 30 items"):
+        audit_figures(x, items, ["device", "note"])  # an audited attribute is never silently partial
+    assert audit_figures(x, items, ["merchant"])["untestable"] == {"merchant": "it is empty for every item"}
+
+
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory):
     """An index from a trained checkpoint and one from raw pixels, both of data_samples/."""

@@ -418,14 +418,18 @@ def test_unusable_inputs_are_clear_errors(cli, trained, heldout_index, tmp_path)
     query = load_index_dir(heldout_index).items[0]["path"]
     result = cli("search", heldout_index, query, "--out", tmp_path / "p.csv")
     assert result.returncode == 2 and "--out is for --all-pairs" in result.stderr
-    result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "p.csv", "--json")
-    assert result.returncode == 2 and "--json apply to image queries" in result.stderr
+    result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "p.csv", "--k", "3")
+    assert result.returncode == 2 and "--k apply to image queries" in result.stderr
+    result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.9", "--out", "-", "--json")
+    assert result.returncode == 2 and "--all-pairs --json prints the summary to standard output" in result.stderr
     result = cli("search", heldout_index, query, note, tmp_path / "gone.jpg")
     assert result.returncode == 2 and "2 of 3 query images" in result.stderr
     assert "note.txt" in result.stderr and "gone.jpg: not found" in result.stderr
     result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.99", "--out", "-")
     assert (
-        result.returncode == 0 and result.stdout.startswith("row_a,row_b,similarity") and "pairs with" in result.stderr
+        result.returncode == 0
+        and result.stdout.startswith("row_a,row_b,similarity")
+        and "similarity >= 0.99: 0 pairs" in result.stderr
     )
 
 
@@ -829,6 +833,6 @@ def test_attack_round_22_ma1_a_pairs_csv_created_after_the_first_check_is_not_re
     before = out.read_bytes()
     with pytest.raises(InputError, match="already exists; pass --force"):
         _all_pairs(
-            load_index_dir(index), 0.9, str(out), recheck=lambda: check_pairs_out(str(out), str(index), force=False)
+            load_index_dir(index), [0.9], str(out), recheck=lambda: check_pairs_out(str(out), str(index), force=False)
         )
     assert out.read_bytes() == before

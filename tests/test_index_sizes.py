@@ -17,7 +17,7 @@ import pytest
 from conftest import run_cli
 
 from receipt_embed.indexing import IndexBuildError, all_pairs, build_index
-from receipt_embed.indexing import search as search_module
+from receipt_embed.indexing import pairs as search_module
 from receipt_embed.indexing.factory import check_factory_sizes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_all_pairs_under_a_memory_limit_is_a_refusal_not_an_abort():
     result = _limited(
         textwrap.dedent(
             """
-            from receipt_embed.indexing.search import all_pairs
+            from receipt_embed.indexing.pairs import all_pairs
             x = np.random.default_rng(0).normal(size=(20000, 8)).astype(np.float32)
             # LIMIT
             try:

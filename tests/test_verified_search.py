@@ -102,8 +102,26 @@ def test_verify_options_are_refused_where_they_do_not_apply(cli, trained, verifi
     assert said.returncode == 2 and "holds no data for verifier 'fields' (it holds geometric)" in said.stderr
     said = cli("search", verified_index, query, "--shortlist", "5")
     assert said.returncode == 2 and "--shortlist goes with --verify" in said.stderr
-    said = cli("search", verified_index, "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "p.csv", "--verify")
-    assert said.returncode == 2 and "--verify apply to image queries" in said.stderr
+    said = cli(
+        "search",
+        verified_index,
+        "--all-pairs",
+        "--threshold",
+        "0.9",
+        "--out",
+        tmp_path / "p.csv",
+        "--min-similarity",
+        "0.5",
+    )
+    assert said.returncode == 2 and "--min-similarity goes with --all-pairs --verify" in said.stderr
+    said = cli("search", verified_index, query, "--field", "date=1/2/2018")
+    assert said.returncode == 2 and "--field goes with --verify" in said.stderr
+    said = cli("search", verified_index, query, query, "--verify", "--field", "date=1/2/2018")
+    assert said.returncode == 2 and "--field describes one query image; 2 were given" in said.stderr
+    said = cli("search", verified_index, query, "--verify", "--field", "date")
+    assert said.returncode == 2 and "--field date: give KEY=VALUE" in said.stderr
+    said = cli("search", verified_index, query, "--threshold", "0.5", "--threshold", "0.6")
+    assert said.returncode == 2 and "give --threshold once for image queries" in said.stderr
     base = ("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "x")
     said = cli(*base, "--verify", "geometrc")
     assert said.returncode == 2 and "unknown verifier 'geometrc'" in said.stderr and "'geometric'" in said.stderr
@@ -216,7 +234,7 @@ def test_the_pr_curve_and_the_chosen_threshold_match_a_brute_force_count():
 
 
 def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_path):
-    from receipt_embed.indexing.calibration import best_neighbours
+    from receipt_embed.indexing.calibration import best_neighbours, kind_checks
 
     index_dir = tmp_path / "calibrated"
     shutil.copytree(verified_index, index_dir)
@@ -226,7 +244,7 @@ def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_p
     said = cli("calibrate", index_dir, "--target-precision", "0.9")
     assert said.returncode == 0, said.stderr
     assert "of duplicates caught" in said.stdout and "false alarms per 100 flagged" in said.stdout
-    assert "embedding: " in said.stdout and "verified: " in said.stdout
+    assert "embedding: " in said.stdout and "verified (geometric): " in said.stdout
     index = load_index_dir(index_dir)  # checksums still hold: only index.json changed
     calibration = index.meta["calibration"]
     assert calibration["target_precision"] == 0.9 and calibration["queries"] == index.count
@@ -234,7 +252,8 @@ def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_p
     assert calibration["embedding"]["threshold"] is not None  # the tiny model's neighbours reach 0.9
     for kind in ("embedding", "verified"):
         chosen = calibration[kind]
-        scores, rows = best_neighbours(index, builtin_registry(), verify=kind == "verified")
+        registry = builtin_registry()
+        scores, rows = best_neighbours(index, kind_checks(index, registry).get(kind), registry=registry)
         right = receipts[rows] == receipts
         if chosen["threshold"] is None:
             continue
@@ -275,6 +294,9 @@ def test_an_unreachable_target_is_said_in_words_and_auto_refuses_it(tmp_path):
         in_words("verified", entry, 0.99)
         == "verified: no threshold reaches 99.0% precision (the best is 92.0% at 0.6875)"
     )
+    assert in_words("verified_image", {**entry, "verifiers": ["geometric"]}, 0.99).startswith(
+        "verified_image (geometric: a search of an image without its fields): no threshold reaches"
+    )
     chosen = {"threshold": 0.97511, "precision": 0.993, "recall": 0.817, "flagged": 148, "curve": []}
     assert in_words("embedding", chosen, 0.99) == (
         "embedding: at threshold 0.9751, 81.7% of duplicates caught, 0.7 false alarms per 100 flagged (148 flagged)"
@@ -282,9 +304,9 @@ def test_an_unreachable_target_is_said_in_words_and_auto_refuses_it(tmp_path):
     index = SimpleNamespace(
         path=tmp_path, meta={"calibration": {"target_precision": 0.99, "embedding": chosen, "verified": entry}}
     )
-    assert calibrated_threshold(index, verified=False) == 0.97511
+    assert calibrated_threshold(index, "embedding") == 0.97511
     with pytest.raises(IndexDirError, match="no verified threshold of .* reached the target precision 0.99"):
-        calibrated_threshold(index, verified=True)
+        calibrated_threshold(index, "verified")
 
 
 def test_a_verifier_without_evidence_is_left_out_of_the_verified_score():

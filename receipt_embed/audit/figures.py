@@ -177,14 +177,26 @@ def testable(values: np.ndarray) -> str | None:
     return None
 
 
-def _check_filled(items: list[dict], names: list[str]) -> None:
+def _unfilled(items: list[dict], names: list[str], context: tuple[str, ...]) -> dict[str, str]:
+    """Why an attribute with empty values is not tested: empty for every item (no values to
+    compare), or a context attribute empty for some (context is never flagged, so it is listed,
+    not refused). An audited attribute empty for some items is an error: its shortcut figures would
+    silently cover only part of the index."""
+    reasons = {}
     for attribute in names:
         empty = [i for i, item in enumerate(items) if item.get(attribute) in (None, "")]
-        if empty:
+        if not empty:
+            continue
+        first = items[empty[0]].get("path", f"item {empty[0]}")
+        if len(empty) == len(items):
+            reasons[attribute] = "it is empty for every item"
+        elif attribute in context:
+            reasons[attribute] = f"it is empty or absent for {len(empty)} of {len(items)} items, first {first}"
+        else:
             raise BadInput(
-                f"attribute {quoted(attribute)} is empty or absent for {len(empty)} of {len(items)} items, "
-                f"first {items[empty[0]].get('path', f'item {empty[0]}')}"
+                f"attribute {quoted(attribute)} is empty or absent for {len(empty)} of {len(items)} items, first {first}"
             )
+    return reasons
 
 
 def _attribute_figures(x, labels, values, *, k: int, rule: FlagRule, n_items: int, context: bool, seed: int) -> dict:
@@ -228,7 +240,7 @@ def audit_figures(
     ``attributes`` are tested against the rule; ``context`` attributes get the same figures
     but are never flagged (e.g. merchant, which captures of one shop share by design)."""
     names = [*attributes, *[c for c in context if c not in attributes]]
-    _check_filled(items, names)
+    unfilled = _unfilled(items, names, tuple(c for c in context if c not in attributes))
     receipt_ids = [str(item["receipt_id"]) for item in items]
     identities = {receipt_id: i for i, receipt_id in enumerate(sorted(set(receipt_ids)))}
     if len(identities) < 2:
@@ -241,6 +253,9 @@ def audit_figures(
     retrieval["cross_attribute"] = {}
     shortcuts, similarity_by_attribute, untestable = {}, {}, {}
     for attribute in names:
+        if attribute in unfilled:
+            untestable[attribute] = unfilled[attribute]
+            continue
         values = np.array([str(item[attribute]) for item in items])
         reason = testable(values)
         if reason:

@@ -35,13 +35,15 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
     Every capture of a labelled INDEX_DIR is a query against the others: it is flagged when its
     best score reaches the threshold, rightly when that capture is of the same receipt. Done for
     the embedding similarity and, when the index stores verifiers (`index --verify`), for the
-    verified score; stored in index.json, where `search --threshold auto` reads it.
+    verified score: with every verifier (all-pairs, and searches given the query's --field
+    values), and with the image's verifiers alone (a search of a bare image). Stored in
+    index.json, where `search --threshold auto` reads it.
 
     \b
     receipt-embed calibrate INDEX_DIR --target-precision 0.99"""
     from receipt_embed.indexing import IndexDirError, load_index_dir
+    from receipt_embed.indexing.calibration import KINDS, in_words
     from receipt_embed.indexing.calibration import calibrate as calibrated
-    from receipt_embed.indexing.calibration import in_words
     from receipt_embed.indexing.index_dir import write_calibration
     from receipt_embed.registry import ComponentError
 
@@ -61,7 +63,7 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
             f"{record['duplicates_findable']} have another capture of their receipt in the index"
         )
     )
-    for kind in ("embedding", "verified"):
+    for kind in KINDS:
         if kind in record:
             click.echo(f"  {in_words(kind, record[kind], target_precision)}")
     click.echo(printable(f"stored in {index_dir}/index.json; `search --threshold auto` uses it"))

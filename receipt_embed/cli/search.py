@@ -8,6 +8,7 @@ import json
 import sys
 
 import click
+import numpy as np
 
 from receipt_embed.cli.options import CheckpointPath, FiniteFloatRange, GivenPath, InputError, load_registry
 from receipt_embed.display import printable, spreadsheet_safe, utf8_safe
@@ -45,13 +46,17 @@ def _verifier_figures(verified: dict) -> str:
     for name, figures in verified.items():
         if name == "score":
             continue
-        extras = ", ".join(
-            f"{printable(key)} {value:.3g}" if isinstance(value, float) else f"{printable(key)} {printable(value)}"
-            for key, value in figures.items()
-            if key != "score"
-        )
+        extras = ", ".join(f"{printable(key)} {_figure(value)}" for key, value in figures.items() if key != "score")
         parts.append(f"{printable(name)} {figures['score']:.3f}" + (f" ({extras})" if extras else ""))
     return "; ".join(parts)
+
+
+def _figure(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list):  # the fields that agree: [date, total]
+        return "[" + ", ".join(printable(part) for part in value) + "]"
+    return printable(value)
 
 
 def _score_name(hit: dict) -> str:
@@ -79,10 +84,12 @@ class ThresholdType(click.ParamType):
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Neighbours per query.")
 @click.option(
     "--threshold",
+    "thresholds",
     type=ThresholdType(),
-    default=None,
+    multiple=True,
     help="Score at or above which a neighbour counts as a duplicate (cosine similarity, or the verified "
-    "score with --verify), or auto: the one `receipt-embed calibrate` stored [auto when a calibration exists].",
+    "score with --verify), or auto: the one `receipt-embed calibrate` stored [auto when a calibration exists]. "
+    "--all-pairs takes it several times and reports each.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
@@ -117,6 +124,14 @@ class ThresholdType(click.ParamType):
     help="With --verify: only this stored verifier (repeatable) [all the index stores].",
 )
 @click.option(
+    "--field",
+    "fields",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --verify and one IMAGE: a printed field of the query (date=25/12/2018, total=9.00), "
+    "which the fields verifier compares with the indexed captures' manifest columns.",
+)
+@click.option(
     "--shortlist",
     type=click.IntRange(min=1, max=10_000),
     default=10,
@@ -124,6 +139,13 @@ class ThresholdType(click.ParamType):
     help="With --verify: embedding neighbours checked per query.",
 )
 @click.option("--all-pairs", is_flag=True, help="Every pair of indexed items at or above --threshold (no IMAGEs).")
+@click.option(
+    "--min-similarity",
+    type=FiniteFloatRange(-1, 1),
+    default=None,
+    help="With --all-pairs --verify: only candidate pairs of at least this embedding similarity "
+    "[every pair among each item's --shortlist nearest].",
+)
 @click.option(
     "--out",
     "out_file",
@@ -138,15 +160,17 @@ def search(
     index_dir,
     images,
     k,
-    threshold,
+    thresholds,
     as_json,
     checkpoint,
     max_pixels,
     max_bytes,
     verify,
     verifier_names,
+    fields,
     shortlist,
     all_pairs,
+    min_similarity,
     out_file,
     force,
 ):
@@ -155,8 +179,10 @@ def search(
     \b
     receipt-embed search INDEX_DIR photo.jpg --k 5 --threshold 0.9
     receipt-embed search INDEX_DIR photo.jpg --verify --threshold 0.5
-    receipt-embed search INDEX_DIR --all-pairs --threshold 0.9 --out pairs.csv"""
+    receipt-embed search INDEX_DIR --all-pairs --threshold 0.9 --out pairs.csv
+    receipt-embed search INDEX_DIR --all-pairs --verify --threshold 0.5 --threshold 0.9 --out pairs.csv"""
     from receipt_embed.indexing import IndexDirError, load_index_dir, search_images
+    from receipt_embed.indexing.calibration import search_kind
     from receipt_embed.registry import ComponentError
     from receipt_embed.training.checkpoint import CheckpointError
 
@@ -169,23 +195,29 @@ def search(
         raise InputError(
             f"{'--verifier' if 'verifier_names' in given else '--shortlist'} goes with --verify (re-ranking by verifiers)"
         )
+    if min_similarity is not None and not (all_pairs and verify):
+        raise InputError("--min-similarity goes with --all-pairs --verify (it limits the candidate pairs verified)")
     if all_pairs:
         if images:
             raise InputError("--all-pairs compares the indexed items with each other; give no IMAGE arguments")
-        if threshold is None or out_file is None:
+        if not thresholds or out_file is None:
             raise InputError("--all-pairs needs --threshold T and --out pairs.csv")
-        if given:
+        if as_json and out_file == "-":
+            raise InputError("--all-pairs --json prints the summary to standard output: give --out a file")
+        refused = given - {"verify", "verifier_names", "shortlist", "as_json"}
+        if fields:
+            refused = {*refused, "fields"}
+        if refused:
             names = {
+                "fields": "--field",
                 "k": "--k",
-                "as_json": "--json",
                 "checkpoint": "--checkpoint",
                 "max_pixels": "--max-pixels",
                 "max_bytes": "--max-bytes",
-                "verify": "--verify",
-                "verifier_names": "--verifier",
-                "shortlist": "--shortlist",
             }
-            raise InputError(f"{', '.join(names[n] for n in sorted(given))} apply to image queries, not to --all-pairs")
+            raise InputError(
+                f"{', '.join(names[n] for n in sorted(refused))} apply to image queries, not to --all-pairs"
+            )
     else:
         if not images:
             raise InputError("give one or more IMAGE files to search for (or --all-pairs)")
@@ -194,20 +226,44 @@ def search(
                 f"{'--out' if out_file is not None else '--force'} is for --all-pairs; image queries "
                 "print to standard output (--json for JSON)"
             )
+        if len(thresholds) > 1:
+            raise InputError("give --threshold once for image queries (--all-pairs takes several)")
+        if fields and not verify:
+            raise InputError("--field goes with --verify (the fields verifier compares it)")
+        if fields and len(images) > 1:
+            raise InputError(f"--field describes one query image; {len(images)} were given: search them one at a time")
+    query_fields = _parsed_fields(fields)
     try:
         if all_pairs:
             check_pairs_out(out_file, index_dir, force)
         loaded_index = load_index_dir(index_dir)
-        threshold = _resolved_threshold(
-            loaded_index,
-            threshold,
-            verify and not all_pairs,
-            images_query=not all_pairs,
-            verifiers=list(verifier_names),
-        )
+        resolved = [
+            _resolved_threshold(
+                loaded_index,
+                threshold,
+                search_kind(verify, all_pairs or bool(query_fields), loaded_index.meta.get("calibration")),
+                images_query=not all_pairs,
+                verifiers=list(verifier_names),
+            )
+            for threshold in (thresholds or (None,))
+        ]
         if all_pairs:
-            _all_pairs(loaded_index, threshold, out_file, recheck=lambda: check_pairs_out(out_file, index_dir, force))
+            registry = load_registry(ctx) if verify else None
+            summary = _all_pairs(
+                loaded_index,
+                resolved,
+                out_file,
+                recheck=lambda: check_pairs_out(out_file, index_dir, force),
+                verify=list(verifier_names) if verify else None,
+                registry=registry,
+                shortlist=shortlist,
+                min_similarity=min_similarity,
+                quiet=as_json,
+            )
+            if as_json:
+                click.echo(json.dumps(summary, indent=2))
             return
+        threshold = resolved[0]
         results = search_images(
             loaded_index,
             list(images),
@@ -219,6 +275,7 @@ def search(
             max_bytes=max_bytes,
             verify=list(verifier_names) if verify else None,
             shortlist=shortlist,
+            fields=query_fields,
         )
     except BrokenPipeError:
         raise  # a closed pipe (`| head`): click ends the command quietly
@@ -230,16 +287,29 @@ def search(
         _print_results(results, threshold)
 
 
-def _resolved_threshold(index, threshold, verified: bool, images_query: bool, verifiers=()):
-    """``auto`` becomes the calibrated threshold; none given is auto for image queries when the
-    index holds a calibration of that score (so a calibrated index gives verdicts by default)."""
+def _parsed_fields(given) -> dict:
+    """``--field KEY=VALUE`` values as a dict; a key given twice or a value-less one is refused."""
+    fields = {}
+    for text in given:
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InputError(f"--field {printable(text)}: give KEY=VALUE, such as date=25/12/2018")
+        if key in fields:
+            raise InputError(f"--field {printable(key)} is given twice")
+        fields[key] = value.strip()
+    return fields
+
+
+def _resolved_threshold(index, threshold, kind: str, images_query: bool, verifiers=()):
+    """``auto`` becomes the threshold calibrated for ``kind``; none given is auto for image queries
+    when the index holds that calibration (so a calibrated index gives verdicts by default)."""
     from receipt_embed.indexing.calibration import calibrated_threshold
 
-    kind = "verified" if verified else "embedding"
     stored = ((index.meta.get("calibration") or {}).get(kind) or {}).get("threshold")
     if threshold is None and images_query and stored is not None:
         threshold = "auto"
-    return calibrated_threshold(index, verified, list(verifiers)) if threshold == "auto" else threshold
+    return calibrated_threshold(index, kind, list(verifiers)) if threshold == "auto" else threshold
 
 
 def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
@@ -247,7 +317,7 @@ def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
     (its header says so), and never goes inside the index dir or another dir replaced whole."""
     from pathlib import Path
 
-    from receipt_embed.indexing.search import PAIR_COLUMNS
+    from receipt_embed.indexing.pairs import PAIR_COLUMNS
     from receipt_embed.outdir import refuse_nested
     from receipt_embed.userfiles import open_regular
 
@@ -267,7 +337,7 @@ def check_pairs_out(out_file: str, index_dir: str, force: bool) -> None:
             raise InputError(f"--out {out_file} already exists; pass --force to replace it, or choose another --out")
         with open_regular(out_file, None) as handle:
             first = handle.read(4096).split(b"\n", 1)[0].rstrip(b"\r")
-        if first != ",".join(PAIR_COLUMNS).encode():
+        if first.split(b",")[: len(PAIR_COLUMNS)] != [name.encode() for name in PAIR_COLUMNS]:
             raise InputError(
                 f"--out {out_file} is not a pairs CSV that search wrote (its first line is not the pairs header); "
                 "it is never replaced (not even with --force): choose another --out"
@@ -301,21 +371,50 @@ class _NewlineRows:
         self.handle.write(utf8_safe(line[:-2]) + "\n")
 
 
-def _all_pairs(index_dir, threshold: float, out_file: str, recheck=lambda: None) -> None:
-    """Write the pairs CSV; ``recheck`` repeats the --out checks once the lock is held, so a second
-    run that checked before the first created the file cannot replace it without --force."""
-    from receipt_embed.fileio import atomic_open
-    from receipt_embed.indexing.search import PAIR_COLUMNS, all_pairs, pair_rows
+def _all_pairs(
+    index_dir,
+    thresholds: list[float],
+    out_file: str,
+    recheck=lambda: None,
+    verify: list[str] | None = None,
+    registry=None,
+    shortlist: int = 10,
+    min_similarity: float | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Write the pairs CSV and say, per threshold, what it flags against every same-receipt pair of
+    the index; returns that summary. ``recheck`` repeats the --out checks once the lock is held, so a
+    second run that checked before the first created the file cannot replace it without --force."""
+    import time
 
-    a, b, sims = all_pairs(index_dir.embeddings, threshold)
-    counts = {"true": 0, "false": 0, "": 0}
+    from receipt_embed.fileio import atomic_open
+    from receipt_embed.indexing import pairs
+
+    started = time.monotonic()
+    verified, checks = None, None
+    if verify is None:
+        a, b, sims = pairs.all_pairs(index_dir.embeddings, min(thresholds))
+        scores = sims
+    else:
+        from receipt_embed.indexing.verification import verifiers_of
+
+        checks = verifiers_of(index_dir, verify, registry)
+        a, b, sims = pairs.shortlist_pairs(index_dir.embeddings, shortlist, min_similarity)
+        verified = pairs.verify_pairs(checks, registry, a, b, progress=not quiet and sys.stderr.isatty())
+        keep = verified["score"] >= min(thresholds) - pairs.SIMILARITY_TOLERANCE
+        order = np.flatnonzero(keep)[np.lexsort((b[keep], a[keep], -sims[keep], -verified["score"][keep]))]
+        candidates = len(a)
+        a, b, sims = a[order], b[order], sims[order]
+        verified = {name: values[order] for name, values in verified.items()}
+        scores = verified["score"]
+    extras = pairs.manifest_columns(index_dir.items)
+    columns = pairs.pair_columns(list(checks or ()), extras)
 
     def write(handle, on_terminal=False):
         writer = _NewlineRows(handle)
-        writer.writerow(PAIR_COLUMNS)
-        for row in pair_rows(index_dir, a, b, sims):
+        writer.writerow(columns)
+        for row in pairs.pair_rows(index_dir, a, b, sims, verified, extras):
             writer.writerow(terminal_safe(row, on_terminal))
-            counts[row[3]] += 1
 
     if out_file == "-":
         write(sys.stdout, on_terminal=sys.stdout.isatty())
@@ -328,11 +427,60 @@ def _all_pairs(index_dir, threshold: float, out_file: str, recheck=lambda: None)
             clean_temporaries(out_file, log=lambda message: click.echo(printable(f"Warning: {message}"), err=True))
             with atomic_open(out_file, "w") as handle:
                 write(handle)
-    labelled = f": {counts['true']} same receipt, {counts['false']} different receipts" + (
-        f", {counts['']} unlabelled" if counts[""] else ""
+    duplicates = pairs.same_receipt_pairs(index_dir.items)
+    same = pairs.same_receipt(index_dir.items, a, b)
+    summary = {
+        "items": index_dir.count,
+        "same_receipt_pairs": duplicates,
+        "score": "similarity" if checks is None else "verified",
+        **(
+            {}
+            if checks is None
+            else {
+                "verifiers": list(checks),
+                "shortlist": shortlist,
+                "min_similarity": min_similarity,
+                "candidates_verified": candidates,
+            }
+        ),
+        "seconds": round(time.monotonic() - started, 3),
+        "out": out_file,
+        "thresholds": pairs.summarise(scores, same, thresholds, duplicates),
+    }
+    if not quiet:
+        for line in _summary_lines(summary):
+            click.echo(printable(line), err=out_file == "-")
+    return summary
+
+
+def _summary_lines(summary: dict) -> list[str]:
+    """The all-pairs summary a reviewer reads: the pairs each threshold flags, against every
+    same-receipt pair of the index (so recall can be read, not only precision)."""
+    duplicates = summary["same_receipt_pairs"]
+    known = (
+        f"{duplicates} same-receipt pairs among them"
+        if duplicates is not None
+        else "some unlabelled (no receipt_id), so recall is not known"
     )
-    where = "" if out_file == "-" else f" -> {out_file}"
-    click.echo(
-        printable(f"{len(a)} pairs with similarity >= {threshold} among {index_dir.count} items{labelled}{where}"),
-        err=out_file == "-",
-    )
+    lines = [f"{summary['items']} items, {known}"]
+    if summary["score"] == "verified":
+        cut = "" if summary["min_similarity"] is None else f" with similarity >= {summary['min_similarity']:g}"
+        lines.append(
+            f"verified {summary['candidates_verified']} candidate pairs (each item's {summary['shortlist']} nearest"
+            f"{cut}) with {', '.join(summary['verifiers'])} in {summary['seconds']:.1f} s"
+        )
+    for row in summary["thresholds"]:
+        line = (
+            f"  {summary['score']} >= {row['threshold']:g}: {row['pairs']} pairs, {row['same_receipt']} same receipt, "
+            f"{row['different_receipts']} different receipts"
+        )
+        if row["unlabelled"]:
+            line += f", {row['unlabelled']} unlabelled"
+        if row["precision"] is not None:
+            line += f"; precision {row['precision']:.1%}"
+        if row["recall"] is not None:
+            line += f", recall {row['recall']:.1%} of the same-receipt pairs"
+        lines.append(line)
+    if summary["out"] != "-":
+        lines.append(f"-> {summary['out']}")
+    return lines

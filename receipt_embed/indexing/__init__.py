@@ -3,7 +3,8 @@
 from receipt_embed.indexing.build import index_dataset, index_embeddings
 from receipt_embed.indexing.factory import IndexBuildError, build_index
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, load_index_dir
-from receipt_embed.indexing.search import all_pairs, search_images
+from receipt_embed.indexing.pairs import all_pairs
+from receipt_embed.indexing.search import search_images
 
 __all__ = [
     "IndexBuildError",

@@ -7,8 +7,13 @@ flag is *right* when that nearest capture is another capture of its receipt, and
 the right flags among the queries whose receipt has another capture in the index. Sweeping the
 threshold gives the precision-recall curve; the calibrated threshold is the lowest one whose
 precision reaches the target, so recall is the highest the target allows. It is stored in
-``index.json`` under ``calibration`` (``embedding``, and ``verified`` when the index stores
-verifiers), where ``search --threshold auto`` reads it.
+``index.json`` under ``calibration``, where ``search --threshold auto`` reads it, per score:
+
+- ``embedding``: the cosine similarity;
+- ``verified``: the verified score with every stored verifier, each capture with its own data (as
+  ``search --all-pairs --verify`` scores indexed pairs, and a search given the query's fields);
+- ``verified_image``: the verified score with only the verifiers that read the image, as a search
+  of a bare image scores it (only when the index also stores verifiers of manifest rows).
 """
 
 from __future__ import annotations
@@ -19,51 +24,54 @@ import numpy as np
 
 from receipt_embed.errors import BadInput
 from receipt_embed.indexing.index_dir import IndexDir
-from receipt_embed.indexing.verification import verified_score
 
 CURVE_POINTS = 101  # the curve kept in index.json, for the audit's plot
 
 
-def best_neighbours(index_dir: IndexDir, registry=None, verify: bool = False, shortlist: int = 10):
-    """Per item: the score and row of its best other capture, by embedding similarity or (``verify``)
-    by the verified score of the embedding's ``shortlist`` (the index's stored verifier data)."""
-    import faiss
-
-    vectors = np.ascontiguousarray(index_dir.embeddings, dtype=np.float32)
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    flat.add(vectors)
-    k = min(len(vectors), (shortlist if verify else 1) + 1)
-    sims, ids = flat.search(vectors, k)
-    scores, rows = np.empty(len(vectors)), np.empty(len(vectors), dtype=np.int64)
-    checks = None
-    if verify:
-        checks = image_checks(index_dir, registry)
-    for query in range(len(vectors)):
-        keep = ids[query] != query  # the query itself (or a byte-identical copy ranked first) is dropped
-        keep &= ids[query] >= 0
-        candidates, similarities = ids[query][keep][: k - 1], sims[query][keep][: k - 1]
-        if checks is None:
-            scores[query], rows[query] = similarities[0], candidates[0]
-            continue
-        verified = [
-            verified_score(
-                [verifier.score(data.item(query), data.item(int(row))) for verifier, data in checks.values()]
-            )
-            for row in candidates
-        ]
-        best = int(np.argmax(verified))  # ties: the embedding's order
-        scores[query], rows[query] = verified[best], candidates[best]
-    return scores, rows
+KINDS = ("embedding", "verified", "verified_image")
 
 
-def image_checks(index_dir: IndexDir, registry) -> dict:
-    """The index's verifiers that read the capture's pixels. A query image has no manifest row, so a
-    verifier of rows (``fields``) abstains on it: the verified score is calibrated as a search of an
-    image scores it, on these alone."""
+def best_neighbours(index_dir: IndexDir, checks: dict | None = None, shortlist: int = 10, registry=None):
+    """Per item: the score and row of its best other capture, by embedding similarity or (``checks``:
+    :func:`receipt_embed.indexing.verification.verifiers_of`) by the verified score of the
+    embedding's ``shortlist``, from the stored data of both captures."""
+    from receipt_embed.indexing.verification import fused, shortlist_scores
+
+    if checks is None:
+        import faiss
+
+        vectors = np.ascontiguousarray(index_dir.embeddings, dtype=np.float32)
+        flat = faiss.IndexFlatIP(vectors.shape[1])
+        flat.add(vectors)
+        sims, ids = flat.search(vectors, min(len(vectors), 2))
+        scores, rows = np.empty(len(vectors)), np.empty(len(vectors), dtype=np.int64)
+        for query in range(len(vectors)):
+            keep = (ids[query] != query) & (ids[query] >= 0)  # the query itself (or a byte-identical copy) dropped
+            scores[query], rows[query] = sims[query][keep][0], ids[query][keep][0]
+        return scores, rows
+    rows, per = shortlist_scores(index_dir, checks, shortlist, registry)
+    return best_verified(rows, fused(rows, per, list(checks)))
+
+
+def best_verified(rows: np.ndarray, verified: np.ndarray):
+    """Per item: the best verified score of its shortlist and the row holding it (ties: the
+    embedding's order)."""
+    best = np.argmax(verified, axis=1)
+    picked = np.arange(len(rows))
+    return verified[picked, best], rows[picked, best]
+
+
+def kind_checks(index_dir: IndexDir, registry) -> dict:
+    """The verifiers each verified kind is calibrated on: ``verified`` every stored one;
+    ``verified_image`` those that read the capture's pixels, when some do and some do not (a
+    query image has no manifest row, so a verifier of rows abstains on it)."""
     from receipt_embed.indexing.verification import verifiers_of
 
-    checks = verifiers_of(index_dir, [], registry)
-    return {name: check for name, check in checks.items() if getattr(check[0], "needs_image", True) is not False}
+    if not index_dir.meta.get("verifiers"):
+        return {}
+    every = verifiers_of(index_dir, [], registry)
+    image = {name: check for name, check in every.items() if getattr(check[0], "needs_image", True) is not False}
+    return {"verified": every, **({"verified_image": image} if image and len(image) < len(every) else {})}
 
 
 def pr_curve(scores: np.ndarray, right: np.ndarray, positives: int) -> list[dict]:
@@ -107,8 +115,7 @@ def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99
             f"{index_dir.path}: no receipt has two captures, so no duplicate can be found: "
             "calibrate on an index where receipts were captured more than once"
         )
-    images = list(image_checks(index_dir, registry)) if index_dir.meta.get("verifiers") else []
-    kinds = ["embedding", *(["verified"] if images else [])]
+    checks = kind_checks(index_dir, registry)
     record = {
         "target_precision": target_precision,
         "queries": index_dir.count,
@@ -116,8 +123,15 @@ def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99
         "receipts": int(len(captures)),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    for kind in kinds:
-        scores, rows = best_neighbours(index_dir, registry, verify=kind == "verified", shortlist=shortlist)
+    if checks:  # each pair is scored once, by every verifier; each kind fuses its own
+        from receipt_embed.indexing.verification import fused, shortlist_scores
+
+        short_rows, per = shortlist_scores(index_dir, checks["verified"], shortlist, registry)
+    for kind in ("embedding", *checks):
+        if kind == "embedding":
+            scores, rows = best_neighbours(index_dir)
+        else:
+            scores, rows = best_verified(short_rows, fused(short_rows, per, list(checks[kind])))
         right = labels[rows] == labels
         curve = pr_curve(scores, right, positives)
         chosen = choose(curve, target_precision)
@@ -126,7 +140,7 @@ def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99
             "precision": None if chosen is None else chosen["precision"],
             "recall": None if chosen is None else chosen["recall"],
             "flagged": None if chosen is None else chosen["flagged"],
-            **({"shortlist": shortlist, "verifiers": images} if kind == "verified" else {}),
+            **({"shortlist": shortlist, "verifiers": list(checks[kind])} if kind in checks else {}),
             "curve": _thinned(curve),
         }
     return record
@@ -141,6 +155,9 @@ def _thinned(curve: list[dict]) -> list[dict]:
 
 def in_words(kind: str, chosen: dict, target: float) -> str:
     """A reviewer's reading of one calibrated threshold."""
+    if chosen.get("verifiers"):
+        alone = ": a search of an image without its fields" if kind == "verified_image" else ""
+        kind = f"{kind} ({', '.join(chosen['verifiers'])}{alone})"
     if chosen["threshold"] is None:
         best = max(chosen["curve"], key=lambda point: point["precision"]) if chosen["curve"] else None
         reached = f" (the best is {best['precision']:.1%} at {best['threshold']:.4f})" if best else ""
@@ -152,25 +169,33 @@ def in_words(kind: str, chosen: dict, target: float) -> str:
     )
 
 
-def calibrated_threshold(index_dir: IndexDir, verified: bool, verifiers: list[str] | None = None) -> float:
-    """The threshold ``calibrate`` stored for the embedding or (``verified``) the verified score;
-    ``verifiers``: those the search uses (all the index stores when empty), which must include
-    every one the threshold was calibrated on."""
+def search_kind(verify: bool, with_fields: bool, calibration: dict | None) -> str:
+    """Which calibrated score a search's verdict uses: the embedding's without --verify; with it,
+    ``verified_image`` for a bare query image when the index calibrated one (its verifiers of
+    manifest rows have nothing to read), else ``verified``."""
+    if not verify:
+        return "embedding"
+    return "verified_image" if not with_fields and "verified_image" in (calibration or {}) else "verified"
+
+
+def calibrated_threshold(index_dir: IndexDir, kind: str, verifiers: list[str] | None = None) -> float:
+    """The threshold ``calibrate`` stored for ``kind`` (:data:`KINDS`); ``verifiers``: those the
+    search uses (all the index stores when empty), which must include every one the threshold was
+    calibrated on."""
     from receipt_embed.indexing.index_dir import IndexDirError
 
-    kind = "verified" if verified else "embedding"
     calibration = index_dir.meta.get("calibration")
     if not calibration or kind not in calibration:
-        what = "its verified scores" if verified and calibration else "it"
+        what = "its verified scores" if kind != "embedding" and calibration else "it"
         raise IndexDirError(
             f"--threshold auto: {index_dir.path} has no calibration for {what}; run `receipt-embed calibrate "
-            f"{index_dir.path}`{' (after `index --verify`)' if verified else ''}, or give --threshold T"
+            f"{index_dir.path}`{' (after `index --verify`)' if kind != 'embedding' else ''}, or give --threshold T"
         )
     used = list(verifiers or (index_dir.meta.get("verifiers") or {}))
-    missing = [name for name in calibration[kind].get("verifiers", []) if name not in used] if verified else []
+    missing = [name for name in calibration[kind].get("verifiers", []) if name not in used]
     if missing:
         raise IndexDirError(
-            f"--threshold auto: the verified threshold of {index_dir.path} was calibrated with "
+            f"--threshold auto: the {kind} threshold of {index_dir.path} was calibrated with "
             f"{', '.join(calibration[kind]['verifiers'])}, and this search leaves out {', '.join(missing)}; "
             "drop --verifier, or give --threshold T"
         )

@@ -126,7 +126,7 @@ def _check_calibration_entry(meta: dict, bad) -> None:
         return
     if not isinstance(calibration, dict):
         raise bad("calibration", wanted="an object (what `receipt-embed calibrate` writes)")
-    for kind in ("embedding", "verified"):
+    for kind in ("embedding", "verified", "verified_image"):
         if kind not in calibration:
             continue
         entry = calibration[kind]

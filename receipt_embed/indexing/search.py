@@ -1,4 +1,4 @@
-"""Searching an index dir: query images -> nearest captures, and the all-pairs sweep.
+"""Searching an index dir: query images -> nearest captures (the all-pairs sweep is ``pairs``).
 
 Queries embed with the very checkpoint that built the index (its sha256 is in index.json):
 vectors from another model live in another space, so a missing or different checkpoint is
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from receipt_embed.errors import BadInput, BadInputLines
+from receipt_embed.errors import BadInputLines
 from receipt_embed.indexing.index_dir import IndexDir, IndexDirError, sha256_file
 from receipt_embed.training.checkpoint import MAX_CHECKPOINT_BYTES
 from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regular, read_regular
@@ -20,19 +20,6 @@ from receipt_embed.userfiles import DEFAULT_MAX_BYTES, UnusableFile, check_regul
 # float32 cosine similarities of identical vectors can land a hair under 1.0: thresholds
 # are compared with this tolerance, so T = 1 finds exact duplicates in both search modes
 SIMILARITY_TOLERANCE = 1e-6
-
-PAIR_COLUMNS = (
-    "row_a",
-    "row_b",
-    "similarity",
-    "same_receipt",
-    "receipt_id_a",
-    "receipt_id_b",
-    "device_a",
-    "device_b",
-    "path_a",
-    "path_b",
-)
 
 
 def resolve_checkpoint(index_dir: IndexDir, override: str | Path | None = None) -> Path:
@@ -131,6 +118,7 @@ def search_images(
     max_bytes: int | None = None,
     verify: list[str] | None = None,
     shortlist: int = 10,
+    fields: dict | None = None,
 ) -> list[dict]:
     """Top-k neighbours of each query image; with ``threshold``, a duplicate verdict on the
     captures other than the query's own file (``already_indexed``: its row when the query is
@@ -140,7 +128,8 @@ def search_images(
     ``verify`` (verifier names; ``[]``: every verifier the index stores) re-ranks the embedding's
     top ``shortlist`` by the verified score, the mean of the verifiers' scores (each in [0, 1]),
     and gives each neighbour ``verified`` (that score and each verifier's figures); the verdict
-    is then on the verified score."""
+    is then on the verified score. ``fields``: the query's printed fields (one query), which a
+    verifier of manifest rows compares with the indexed captures' columns."""
     from receipt_embed.embedding import embed_paths, load_model
     from receipt_embed.indexing.verification import check_pairs, verifiers_of
 
@@ -174,7 +163,7 @@ def search_images(
         if not any(hit["same_file"] for hit in hits):
             hits = hits[:wanted]
         if checks is not None:
-            hits = check_pairs(checks, registry, str(path), hits, limits)
+            hits = check_pairs(checks, registry, str(path), hits, limits, fields)
         itself = next((hit for hit in hits if hit["same_file"]), None)
         result = {
             "query": str(path),
@@ -188,100 +177,7 @@ def search_images(
             match = best if best and float(score(best)) >= threshold - SIMILARITY_TOLERANCE else None
             result["duplicate"] = match is not None
             result["match"] = match
+            result["threshold"] = float(threshold)  # what the verdict was judged against, and on which score
+            result["score"] = "similarity" if checks is None else "verified"
         results.append(result)
     return results
-
-
-# the all-pairs sweep's memory: one range search returns at most about CHUNK_RESULTS candidates
-# (its queries x the indexed items, 12 bytes each: 100 MB), and at most MAX_PAIRS pairs are kept and
-# sorted (about 1 GB with the CSV rows made from them); a threshold that matches more is refused
-CHUNK_RESULTS = 2**23
-MAX_PAIRS = 10_000_000
-
-
-class TooManyPairs(BadInput):
-    """More pairs at or above the threshold than ``MAX_PAIRS``."""
-
-
-def all_pairs(
-    embeddings: np.ndarray, threshold: float, chunk: int = 4096, max_pairs: int | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every pair (i < j) with cosine similarity >= threshold (less SIMILARITY_TOLERANCE), by
-    exact FAISS range search.
-
-    Runs over the exact stored vectors (not an approximate index's lossy codes), in chunks of
-    at most ``chunk`` queries and ``CHUNK_RESULTS`` candidates; more than ``max_pairs``
-    (``MAX_PAIRS``) pairs is :class:`TooManyPairs`, so memory stays bounded. Returns rows a,
-    rows b and similarities, sorted by similarity (highest first), then by rows."""
-    import faiss
-
-    limit = MAX_PAIRS if max_pairs is None else max_pairs
-    vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    flat.add(vectors)
-    chunk = max(1, min(chunk, CHUNK_RESULTS // max(1, len(vectors))))
-    # FAISS keeps scores strictly above the radius
-    radius = float(threshold - SIMILARITY_TOLERANCE)
-    rows_a, rows_b, sims = [], [], []
-    kept = 0
-    try:
-        for start in range(0, len(vectors), chunk):
-            queries = vectors[start : start + chunk]
-            # FAISS cannot report a failed allocation inside its threads (the process aborts):
-            # claim this chunk's worst case first (ids and scores, twice while FAISS gathers them,
-            # with a third more for its buffers); the numpy work after it raises MemoryError itself
-            np.empty(len(queries) * len(vectors) * 32, dtype=np.uint8)  # and freed at once
-            lims, scores, ids = flat.range_search(queries, radius)
-            query = start + np.repeat(np.arange(len(lims) - 1), np.diff(lims.astype(np.int64)))
-            keep = ids > query
-            kept += int(np.count_nonzero(keep))
-            if kept > limit:
-                done = min(len(vectors), start + chunk)
-                raise TooManyPairs(
-                    f"--all-pairs --threshold {threshold}: {kept} pairs among the first {done} of {len(vectors)} "
-                    f"items already, over the limit of {limit} pairs; raise --threshold"
-                )
-            rows_a.append(query[keep])
-            rows_b.append(ids[keep])
-            sims.append(scores[keep])
-            del lims, scores, ids, query, keep
-        a, b, s = (np.concatenate(x) if x else np.zeros(0) for x in (rows_a, rows_b, sims))
-        del rows_a, rows_b, sims
-        order = np.lexsort((b, a, -s))
-        return (
-            a[order].astype(np.int64, copy=False),
-            b[order].astype(np.int64, copy=False),
-            s[order].astype(np.float32, copy=False),
-        )
-    except MemoryError:
-        raise BadInput(
-            f"out of memory in --all-pairs over {len(vectors)} items after {kept} pairs (a memory limit such "
-            f"as `ulimit -v`, or too little RAM; a range search takes up to {CHUNK_RESULTS * 32 // 2**20} MiB): "
-            "raise the limit, or --threshold to keep fewer pairs"
-        ) from None
-
-
-def pair_rows(index_dir: IndexDir, a: np.ndarray, b: np.ndarray, sims: np.ndarray):
-    """CSV rows for pairs: same_receipt is true/false when both receipt ids are known, else blank."""
-    items = index_dir.items
-    for start in range(0, len(a), 65536):  # a slice at a time: ten million Python ints would take 1 GB
-        yield from _pair_rows(items, a[start : start + 65536], b[start : start + 65536], sims[start : start + 65536])
-
-
-def _pair_rows(items, a: np.ndarray, b: np.ndarray, sims: np.ndarray):
-    for i, j, sim in zip(a.tolist(), b.tolist(), sims.tolist()):
-        x, y = items[i], items[j]
-        known = x.get("receipt_id") not in (None, "") and y.get("receipt_id") not in (None, "")
-        same = ("true" if x["receipt_id"] == y["receipt_id"] else "false") if known else ""
-        yield (
-            i,
-            j,
-            f"{sim:.6f}",
-            same,
-            x.get("receipt_id", ""),
-            y.get("receipt_id", ""),
-            x.get("device", ""),
-            y.get("device", ""),
-            x.get("path", ""),
-            y.get("path", ""),
-        )

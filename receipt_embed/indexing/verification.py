@@ -36,8 +36,9 @@ def verifiers_of(index_dir: IndexDir, names: list[str], registry) -> dict:
     }
 
 
-def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limits) -> list[dict]:
-    """``hits`` (embedding neighbours of one query) with ``verified`` figures, best verified first."""
+def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limits, fields=None) -> list[dict]:
+    """``hits`` (embedding neighbours of one query) with ``verified`` figures, best verified first;
+    ``fields``: the query's own manifest-like row (its printed date, total...), if known."""
     from receipt_embed.images import decode_image
     from receipt_embed.indexing.verifier_data import check_extracted
     from receipt_embed.registry import plugin_errors
@@ -50,18 +51,68 @@ def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limit
     for name, (verifier, _) in checks.items():
         wants = image if getattr(verifier, "needs_image", True) else None
         with plugin_errors(registry, "verifier", name, f"extracting from {query_path}"):
-            queries[name] = check_extracted(name, verifier.extract(wants, {"path": query_path}), query_path)
+            queries[name] = check_extracted(
+                name, verifier.extract(wants, {**(fields or {}), "path": query_path}), query_path
+            )
     checked = []
     for hit in hits:
         figures = {}
         for name, (verifier, data) in checks.items():
             with plugin_errors(registry, "verifier", name, f"scoring {query_path} against {hit['path']}"):
                 result = verifier.score(queries[name], data.item(hit["row"]))
-            figures[name] = _score(name, result)
+            figures[name] = score_figures(name, result)
         fused = verified_score(figures.values())
         checked.append({**hit, "verified": {"score": round(fused, 6), **figures}})
     order = sorted(range(len(checked)), key=lambda i: (-checked[i]["verified"]["score"], i))
     return [checked[i] for i in order]
+
+
+def shortlist_scores(index_dir: IndexDir, checks: dict, shortlist: int, registry=None, progress: bool = False):
+    """Every item's ``shortlist`` nearest other items by embedding (N x S rows, -1 where the index is
+    smaller) and, per verifier, each pair's score and whether it abstained (N x S each), from the
+    stored data of both captures: the leave-one-out view ``calibrate`` and ``audit-shortcuts
+    --verify`` read. :func:`fused` turns them into verified scores for any subset of verifiers."""
+    import sys
+
+    import faiss
+    from tqdm import tqdm
+
+    from receipt_embed.registry import plugin_errors
+
+    vectors = np.ascontiguousarray(index_dir.embeddings, dtype=np.float32)
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    flat.add(vectors)
+    k = min(len(vectors), shortlist + 1)
+    _, ids = flat.search(vectors, k)
+    rows = np.full((len(vectors), shortlist), -1, dtype=np.int64)
+    per = {name: (np.zeros(rows.shape), np.ones(rows.shape, dtype=bool)) for name in checks}
+    with tqdm(
+        total=len(vectors), desc="verifying shortlists", unit="item", disable=not progress, file=sys.stderr
+    ) as bar:
+        for query in range(len(vectors)):
+            # the query itself (or a byte-identical copy ranked first) is dropped
+            candidates = [int(row) for row in ids[query] if row >= 0 and row != query][:shortlist]
+            for n, row in enumerate(candidates):
+                rows[query, n] = row
+                for name, (verifier, data) in checks.items():
+                    with plugin_errors(registry, "verifier", name, f"scoring rows {query} and {row}"):
+                        result = score_figures(name, verifier.score(data.item(query), data.item(row)))
+                    per[name][0][query, n], per[name][1][query, n] = result["score"], bool(result.get("abstain"))
+            bar.update()
+    return rows, per
+
+
+def fused(rows: np.ndarray, per: dict, names) -> np.ndarray:
+    """The verified score (:func:`verified_score`) of the verifiers ``names`` for each shortlisted
+    pair of :func:`shortlist_scores`; -inf where a shortlist slot is empty."""
+    total, counted = np.zeros(rows.shape), np.zeros(rows.shape)
+    for name in names:
+        scores, abstained = per[name]
+        total += np.where(abstained, 0.0, scores)
+        counted += ~abstained
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(counted > 0, total / np.maximum(counted, 1), 0.5)
+    return np.where(rows >= 0, out, -np.inf)
 
 
 def verified_score(results) -> float:
@@ -71,7 +122,7 @@ def verified_score(results) -> float:
     return float(np.mean(scores)) if scores else 0.5
 
 
-def _score(name: str, result) -> dict:
+def score_figures(name: str, result) -> dict:
     """A verifier's result, checked: a dict whose ``score`` is a number in [0, 1]."""
     import math
 

@@ -1,0 +1,236 @@
+"""search --all-pairs: several thresholds read against every same-receipt pair of the index, the
+manifest's own columns kept, and (--verify) each candidate pair scored by the stored verifier data
+of both captures; search --field gives a query image its printed fields. Real FAISS index dirs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import builtin_registry, run_cli, train_tiny
+
+from receipt_embed.indexing import load_index_dir
+from receipt_embed.indexing.pairs import (
+    PAIR_COLUMNS,
+    manifest_columns,
+    pair_columns,
+    same_receipt_pairs,
+    shortlist_pairs,
+    summarise,
+)
+
+
+def _clustered(n=240, dim=16, receipts=60, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(receipts, dim))
+    labels = np.arange(n) % receipts
+    x = centres[labels] + 0.45 * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), labels
+
+
+def test_shortlist_pairs_are_each_items_nearest_others_once():
+    x, _ = _clustered()
+    a, b, sims = shortlist_pairs(x, 4)
+    gram = x.astype(np.float64) @ x.T
+    np.fill_diagonal(gram, -np.inf)
+    nearest = np.argsort(-gram, axis=1, kind="stable")[:, :4]
+    expected = {(min(i, j), max(i, j)) for i in range(len(x)) for j in nearest[i].tolist()}
+    assert set(zip(a.tolist(), b.tolist())) == expected and len(a) == len(expected)
+    assert np.all(a < b)
+    np.testing.assert_allclose(sims, gram[a, b], atol=1e-5)
+    assert np.all(np.diff(sims) <= 0)
+    a2, b2, sims2 = shortlist_pairs(x, 4, min_similarity=0.6)
+    keep = sims >= 0.6 - 1e-6
+    assert set(zip(a2.tolist(), b2.tolist())) == set(zip(a[keep].tolist(), b[keep].tolist()))
+
+
+def test_same_receipt_pairs_and_the_summary_count_what_a_reviewer_reads():
+    items = [{"receipt_id": r} for r in ["a", "a", "a", "b", "b", "c"]]
+    assert same_receipt_pairs(items) == 3 + 1  # C(3, 2) + C(2, 2)
+    assert same_receipt_pairs([*items, {"receipt_id": ""}]) is None
+    scores = np.array([0.9, 0.8, 0.8, 0.4, 0.2])
+    same = np.array([1, 1, 0, 1, -1], dtype=np.int8)
+    rows = summarise(scores, same, [0.8, 0.3, 1.0], duplicates=4)
+    assert [row["threshold"] for row in rows] == [0.3, 0.8, 1.0]
+    assert rows[0] == {
+        "threshold": 0.3,
+        "pairs": 4,
+        "same_receipt": 3,
+        "different_receipts": 1,
+        "unlabelled": 0,
+        "precision": 0.75,
+        "recall": 0.75,
+    }
+    assert rows[1]["pairs"] == 3 and rows[1]["precision"] == pytest.approx(2 / 3) and rows[1]["recall"] == 0.5
+    assert rows[2]["pairs"] == 0 and rows[2]["precision"] is None and rows[2]["recall"] == 0.0
+
+
+def test_the_manifest_columns_follow_the_pair_columns_without_clashing():
+    items = [
+        {"path": "p", "receipt_id": "r", "device": "d", "sha256": "x", "split": "train", "total": "9", "row": "1"},
+        {"path": "q", "receipt_id": "r", "device": "d", "date": "1/2/18"},
+    ]
+    assert manifest_columns(items) == ["total", "row", "date"]
+    header = pair_columns(["geometric"], manifest_columns(items))
+    assert header[: len(PAIR_COLUMNS)] == list(PAIR_COLUMNS)
+    assert header[len(PAIR_COLUMNS) :] == [
+        "verified",
+        "geometric_score",
+        "total_a",
+        "total_b",
+        "manifest.row_a",  # row_a is the pair's own column
+        "manifest.row_b",
+        "date_a",
+        "date_b",
+    ]
+    assert len(set(header)) == len(header)
+
+
+def test_all_pairs_reports_each_threshold_against_every_same_receipt_pair(cli, tmp_path):
+    x, labels = _clustered()
+    np.save(tmp_path / "x.npy", x)
+    with open(tmp_path / "m.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "receipt_id", "device", "total"])
+        writer.writerows([[f"img{i}.jpg", f"r{label}", f"d{i % 4}", f"{label}.50"] for i, label in enumerate(labels)])
+    built = cli("index", "--embeddings", tmp_path / "x.npy", "--manifest", tmp_path / "m.csv", "--out", tmp_path / "ix")
+    assert built.returncode == 0, built.stderr
+    out = tmp_path / "pairs.csv"
+    said = cli("search", tmp_path / "ix", "--all-pairs", "--threshold", "0.8", "--threshold", "0.6", "--out", out)
+    assert said.returncode == 0, said.stderr
+    gram = x.astype(np.float64) @ x.T
+    i, j = np.triu_indices(len(x), k=1)
+    duplicates = int(np.sum(labels[i] == labels[j]))  # 60 receipts x C(4, 2)
+    assert duplicates == 360 and f"240 items, {duplicates} same-receipt pairs among them" in said.stdout
+    for threshold in (0.6, 0.8):
+        keep = gram[i, j] >= threshold
+        right = int(np.sum(keep & (labels[i] == labels[j])))
+        line = (
+            f"similarity >= {threshold:g}: {int(keep.sum())} pairs, {right} same receipt, "
+            f"{int(keep.sum()) - right} different receipts; precision {right / keep.sum():.1%}, "
+            f"recall {right / duplicates:.1%} of the same-receipt pairs"
+        )
+        assert line in said.stdout, said.stdout
+    rows = list(csv.DictReader(open(out)))
+    assert len(rows) == int(np.sum(gram[i, j] >= 0.6))  # the lowest threshold's pairs
+    first = rows[0]
+    assert (
+        first["total_a"] == f"{labels[int(first['row_a'])]}.50"
+        and first["total_b"] == f"{labels[int(first['row_b'])]}.50"
+    )
+    summary = json.loads(
+        cli("search", tmp_path / "ix", "--all-pairs", "--threshold", "0.6", "--out", out, "--force", "--json").stdout
+    )
+    assert summary["same_receipt_pairs"] == duplicates and summary["score"] == "similarity"
+    assert summary["thresholds"][0]["pairs"] == len(rows)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train_tiny(tmp_path_factory.mktemp("pairs"))
+
+
+@pytest.fixture(scope="module")
+def both_index(trained, tmp_path_factory):
+    """data_samples' held-out captures with geometric and fields (its manifest's merchant column)."""
+    dataset, checkpoint = trained
+    out = tmp_path_factory.mktemp("pix") / "heldout"
+    result = run_cli(
+        "index", "--checkpoint", checkpoint, "--data", dataset, "--split", "heldout", "--out", out,
+        "--verify", "geometric", "--verify-set", "geometric.keypoints=800", "--verify", "fields",
+        "--verify-set", "fields.fields=[merchant]", "-q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_all_pairs_verify_scores_each_candidate_with_both_captures_data(cli, both_index, tmp_path):
+    from receipt_embed.indexing.verification import verified_score
+    from receipt_embed.verification.fields import FieldsVerifier
+    from receipt_embed.verification.geometric import GeometricVerifier
+
+    out = tmp_path / "verified.csv"
+    said = cli(
+        "search", both_index, "--all-pairs", "--verify", "--shortlist", "3", "--threshold", "0",
+        "--threshold", "0.6", "--out", out,
+    )  # fmt: skip
+    assert said.returncode == 0, said.stderr
+    index = load_index_dir(both_index)
+    a, b, sims = shortlist_pairs(index.embeddings, 3)
+    rows = list(csv.DictReader(open(out)))
+    assert len(rows) == len(a)  # threshold 0: every candidate is kept
+    assert f"verified {len(a)} candidate pairs (each item's 3 nearest) with geometric, fields" in said.stdout
+    geometric, fields = GeometricVerifier(keypoints=800), FieldsVerifier(fields=["merchant"])
+    stored = index.verifiers
+    for row in rows[:12]:
+        i, j = int(row["row_a"]), int(row["row_b"])
+        g = geometric.score(stored["geometric"].item(i), stored["geometric"].item(j))
+        f = fields.score(stored["fields"].item(i), stored["fields"].item(j))
+        assert float(row["geometric_score"]) == pytest.approx(g["score"], abs=1e-6)
+        assert float(row["fields_score"]) == pytest.approx(f["score"], abs=1e-6)
+        assert float(row["verified"]) == pytest.approx(verified_score([g, f]), abs=1e-6)
+        assert row["merchant_a"] == index.items[i]["merchant"] and row["merchant_b"] == index.items[j]["merchant"]
+    scores = [float(row["verified"]) for row in rows]
+    assert scores == sorted(scores, reverse=True)  # best verified first
+    kept = sum(s >= 0.6 - 1e-6 for s in scores)
+    assert f"verified >= 0.6: {kept} pairs" in said.stdout
+
+
+def test_a_query_with_its_fields_is_judged_on_every_verifier(cli, both_index, tmp_path):
+    """--field gives the query image the row a fields verifier reads; without it, fields abstain."""
+    index = load_index_dir(both_index)
+    item = index.items[0]
+    common = ("search", both_index, item["path"], "--verify", "--json", "-k", "3")
+    bare = json.loads(cli(*common).stdout)[0]
+    assert all(hit["verified"]["fields"]["abstain"] for hit in bare["neighbours"])
+    own = json.loads(cli(*common, "--field", f"merchant={item['merchant'].lower()}").stdout)[0]
+    for hit in own["neighbours"]:
+        agrees = index.items[hit["row"]]["merchant"] == item["merchant"]
+        assert hit["verified"]["fields"]["score"] == (1.0 if agrees else 0.0)
+        assert hit["verified"]["score"] == pytest.approx(
+            (hit["verified"]["geometric"]["score"] + hit["verified"]["fields"]["score"]) / 2, abs=1e-6
+        )
+    other = json.loads(cli(*common, "--field", "merchant=NO SUCH SHOP").stdout)[0]
+    assert all(hit["verified"]["fields"]["score"] == 0.0 for hit in other["neighbours"])
+
+
+def test_calibration_keeps_the_image_alone_apart_and_search_picks_the_one_it_is(cli, both_index, tmp_path):
+    from receipt_embed.indexing.calibration import search_kind
+
+    index_dir = tmp_path / "calibrated"
+    shutil.copytree(both_index, index_dir)
+    said = cli("calibrate", index_dir, "--target-precision", "0.5")
+    assert said.returncode == 0, said.stderr
+    assert "verified (geometric, fields): " in said.stdout
+    assert "verified_image (geometric: a search of an image without its fields): " in said.stdout
+    calibration = load_index_dir(index_dir).meta["calibration"]
+    assert calibration["verified"]["verifiers"] == ["geometric", "fields"]
+    assert calibration["verified_image"]["verifiers"] == ["geometric"]
+    assert search_kind(False, True, calibration) == "embedding"
+    assert search_kind(True, False, calibration) == "verified_image"
+    assert search_kind(True, True, calibration) == "verified"
+    assert search_kind(True, False, {"verified": {}}) == "verified"  # an index of image verifiers only
+    item = load_index_dir(index_dir).items[0]
+    common = ("search", index_dir, item["path"], "--verify", "--json")
+    for extra, kind in (((), "verified_image"), (("--field", f"merchant={item['merchant']}"), "verified")):
+        result = json.loads(cli(*common, *extra).stdout)[0]
+        expected = calibration[kind]["threshold"]
+        assert expected is not None  # precision 0.5 is reached on these captures
+        assert result["threshold"] == expected and result["score"] == "verified"
+    pairs = cli("search", index_dir, "--all-pairs", "--verify", "--threshold", "auto", "--out", tmp_path / "p.csv")
+    assert pairs.returncode == 0, pairs.stderr
+    assert f"verified >= {calibration['verified']['threshold']:g}:" in pairs.stdout
+    plain = json.loads(cli("search", index_dir, item["path"], "--json").stdout)[0]
+    assert plain["score"] == "similarity" and plain["threshold"] == calibration["embedding"]["threshold"]
+
+
+def test_builtin_registry_builds_what_the_index_records(both_index):
+    """The verifiers of a --verify all-pairs run are built from index.json's params, as for a search."""
+    from receipt_embed.indexing.verification import verifiers_of
+
+    checks = verifiers_of(load_index_dir(both_index), [], builtin_registry())
+    assert list(checks) == ["geometric", "fields"]
+    assert checks["geometric"][0].keypoints == 800 and checks["fields"][0].fields == ["merchant"]

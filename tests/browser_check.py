@@ -16,7 +16,8 @@ PAGE_FACTS = """JSON.stringify({
   title: document.title,
   verdict: (document.getElementById('verdict') || {}).innerText || null,
   images: Array.from(document.images).map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth, height: i.naturalHeight})),
-  headings: Array.from(document.querySelectorAll('h2')).map(h => h.innerText)
+  headings: Array.from(document.querySelectorAll('h2')).map(h => h.innerText),
+  retrieval: Array.from(document.querySelectorAll('#retrieval tr')).map(r => Array.from(r.cells).map(c => c.innerText))
 })"""
 
 

@@ -234,3 +234,104 @@ def test_builtin_registry_builds_what_the_index_records(both_index):
     checks = verifiers_of(load_index_dir(both_index), [], builtin_registry())
     assert list(checks) == ["geometric", "fields"]
     assert checks["geometric"][0].keypoints == 800 and checks["fields"][0].fields == ["merchant"]
+
+
+def _reference_verified_ranking(index, shortlist: int):
+    """Each query's ranking by an independent route: a brute-force embedding order, its first
+    ``shortlist`` re-scored by freshly built verifiers on the stored data and sorted (stable)."""
+    from receipt_embed.indexing.verification import verified_score
+    from receipt_embed.verification.fields import FieldsVerifier
+    from receipt_embed.verification.geometric import GeometricVerifier
+
+    x = index.embeddings.astype(np.float64)
+    gram = x @ x.T
+    verifiers = {"geometric": GeometricVerifier(keypoints=800), "fields": FieldsVerifier(fields=["merchant"])}
+    rankings = []
+    for q in range(len(x)):
+        order = [int(j) for j in np.argsort(-gram[q], kind="stable") if j != q]
+        head = order[:shortlist]
+        scores = [
+            verified_score(
+                [v.score(index.verifiers[n].item(q), index.verifiers[n].item(j)) for n, v in verifiers.items()]
+            )
+            for j in head
+        ]
+        reranked = [head[i] for i in sorted(range(len(head)), key=lambda i: -scores[i])]
+        rankings.append(reranked + order[shortlist:])
+    return rankings
+
+
+def test_audit_verify_gives_the_retrieval_figures_on_the_verified_ranking(cli, both_index, tmp_path):
+    report = tmp_path / "report"
+    said = cli("audit-shortcuts", both_index, "--verify", "--shortlist", "4", "--out", report, "-q")
+    assert said.returncode == 0, said.stderr
+    figures = json.loads((report / "audit.json").read_text())
+    verified = figures["retrieval"]["verified"]
+    assert set(figures["retrieval"]) - {"verified"} <= set(verified)  # the same keys, beside the embedding's
+    assert verified["shortlist"] == 4 and verified["verifiers"] == ["geometric", "fields"]
+    index = load_index_dir(both_index)
+    labels = np.array([item["receipt_id"] for item in index.items])
+    devices = np.array([item["device"] for item in index.items])
+    rankings = _reference_verified_ranking(index, 4)
+    queries = [q for q in range(len(labels)) if np.sum(labels == labels[q]) > 1]
+    for k in (1, 5, 10):
+        expected = np.mean([np.any(labels[rankings[q][:k]] == labels[q]) for q in queries])
+        assert verified[f"recall_at_{k}"] == pytest.approx(expected), k
+    aps = []
+    for q in queries:
+        hits = labels[rankings[q]] == labels[q]
+        ranks = np.flatnonzero(hits) + 1
+        aps.append(np.mean(np.arange(1, len(ranks) + 1) / ranks))
+    assert verified["map"] == pytest.approx(np.mean(aps), abs=1e-9)
+    cross = []
+    for q in queries:
+        first = next(j for j in rankings[q] if not (labels[j] == labels[q] and devices[j] == devices[q]))
+        cross.append(labels[first] == labels[q])
+    assert verified["cross_attribute"]["device"]["recall_at_1"] == pytest.approx(np.mean(cross))
+    curves = figures["precision_recall"]["curves"]
+    assert set(curves) == {"embedding", "verified"}
+    best = [rankings[q][0] for q in range(len(labels))]
+    right = labels[best] == labels
+    assert curves["verified"][-1]["recall"] == pytest.approx(right.sum() / len(queries))  # every query flagged
+    assert f"verified (geometric, fields, shortlist 4): recall@1 {verified['recall_at_1']:.3f}" in said.stdout
+    html = (report / "audit.html").read_text()
+    assert "verified (geometric, fields, shortlist 4)" in html and 'alt="precision against recall"' in html
+
+
+def test_the_verified_report_renders_in_a_headless_browser(cli, both_index, tmp_path):
+    """Both columns of the retrieval table and the precision-recall plot, as Chromium shows them."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    pytest.importorskip("PyQt6.QtWebEngineWidgets", reason="PyQt6-WebEngine not installed")
+    report = tmp_path / "report"
+    assert cli("audit-shortcuts", both_index, "--verify", "--out", report, "-q").returncode == 0
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "browser_check.py"), str(report / "audit.html")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if done.returncode == 3:
+        pytest.skip(f"no headless browser could start: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = json.loads((report / "audit.json").read_text())["retrieval"]
+    table = {row[0]: row[1:] for row in page["retrieval"]}
+    assert table["figure"] == ["embedding", "verified (geometric, fields, shortlist 10)"]
+    assert table["recall@1"] == [f"{figures['recall_at_1']:.3f}", f"{figures['verified']['recall_at_1']:.3f}"]
+    plot = next(image for image in page["images"] if image["alt"] == "precision against recall")
+    assert plot["complete"] and plot["width"] > 100
+
+
+def test_audit_verify_needs_verifier_data_and_shortlist_needs_verify(cli, trained, tmp_path):
+    dataset, checkpoint = trained
+    plain = tmp_path / "plain"
+    assert cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", plain, "-q").returncode == 0
+    said = cli("audit-shortcuts", plain, "--verify", "--out", tmp_path / "r")
+    assert said.returncode == 2 and "holds no verifier data: build it with `receipt-embed index" in said.stderr
+    assert not (tmp_path / "r").exists()
+    said = cli("audit-shortcuts", plain, "--shortlist", "5", "--out", tmp_path / "r")
+    assert said.returncode == 2 and "--shortlist goes with --verify" in said.stderr

@@ -86,6 +86,33 @@ def agreement_bars(shortcuts: dict) -> str:
     return _png(fig)
 
 
+def precision_recall(curves: dict, thresholds: dict) -> str:
+    """Precision against recall of "the best other capture is the same receipt", one line per
+    score (embedding, verified); a calibrated threshold (``thresholds``: kind -> chosen point) is
+    marked where index.json holds one."""
+    fig, ax = _figure(5.6, 3.8)
+    colours = {"embedding": "tab:blue", "verified": "tab:green", "verified_image": "tab:olive"}
+    for kind, curve in curves.items():
+        if curve:
+            ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], label=kind, color=colours.get(kind))
+        chosen = thresholds.get(kind)
+        if chosen and chosen.get("threshold") is not None:
+            ax.plot(
+                [chosen["recall"]],
+                [chosen["precision"]],
+                "o",
+                color=colours.get(kind),
+                label=f"{kind} calibrated at {chosen['threshold']:.4g}",
+            )
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("recall: duplicates caught")
+    ax.set_ylabel("precision: flags that are right")
+    ax.set_title("Is the best other capture the same receipt?")
+    ax.legend(fontsize=8, loc="lower left")
+    return _png(fig)
+
+
 def projection(
     x: np.ndarray, labels: np.ndarray, colour_by: np.ndarray, title: str, seed: int = 0, identities: bool = False
 ) -> str:

@@ -78,6 +78,9 @@ def run_audit(
     images_roots=(),
     log=lambda message: None,
     force: bool = False,
+    verify: bool = False,
+    shortlist: int = 10,
+    progress: bool = False,
 ) -> dict:
     """Audit an index dir; writes OUT/audit.json and OUT/audit.html and returns the figures.
 
@@ -85,7 +88,8 @@ def run_audit(
     in ``skip_checks``; ``check_params`` (by check name) go to their factories. Thumbnails are
     read only from the dataset's capture folders and ``images_roots`` (see audit.confine). OUT is written
     whole under a writer lock (an existing report is replaced only with ``force``) and may not
-    be, or hold, the index dir."""
+    be, or hold, the index dir. ``verify``: the same retrieval figures after the index's verifiers
+    re-rank each item's ``shortlist`` (``retrieval.verified``), and the precision-recall curves."""
     from receipt_embed.indexing.index_dir import read_meta
     from receipt_embed.locking import write_lock
     from receipt_embed.outdir import check_replaceable, refuse_own_input
@@ -120,6 +124,9 @@ def run_audit(
             check_params=check_params,
             images_roots=images_roots,
             log=log,
+            verify=verify,
+            shortlist=shortlist,
+            progress=progress,
         )
         with replace_dir(out, "audit", force) as staging:
             atomic_write_json(staging / AUDIT_JSON, figures)
@@ -129,7 +136,21 @@ def run_audit(
 
 
 def _audit(
-    index_path, attributes, *, k, rule, gallery, context, registry, skip_checks, check_params, images_roots, log
+    index_path,
+    attributes,
+    *,
+    k,
+    rule,
+    gallery,
+    context,
+    registry,
+    skip_checks,
+    check_params,
+    images_roots,
+    log,
+    verify=False,
+    shortlist=10,
+    progress=False,
 ) -> tuple[dict, str]:
     """The figures and the HTML report of one audit."""
     import warnings
@@ -158,9 +179,33 @@ def _audit(
 
     x = index_dir.embeddings
     labels = np.unique(np.array([str(item["receipt_id"]) for item in index_dir.items]), return_inverse=True)[1]
+    curves = None
+    if verify:
+        from receipt_embed.audit.verified import verified_figures
+
+        log(f"verifying each item's {shortlist} nearest with {', '.join(meta.get('verifiers') or {})}")
+        values = {
+            a: np.array([str(item[a]) for item in index_dir.items]) for a in figures["retrieval"]["cross_attribute"]
+        }
+        figures["retrieval"]["verified"], curves = verified_figures(
+            index_dir, registry, labels, values, shortlist=shortlist, progress=progress
+        )
+        stored = meta.get("calibration") or {}
+        figures["precision_recall"] = {
+            "curves": curves,
+            "calibrated": {
+                kind: {key: stored[kind].get(key) for key in ("threshold", "precision", "recall")}
+                for kind in ("embedding", "verified")
+                if kind in stored
+            },
+        }
     check_plots = _plugin_checks(index_dir, labels, attributes, figures, registry, skip_checks, check_params, log)
     log("drawing plots")
     plots = {**_plots(x, labels, index_dir.items, attributes, figures), "checks": check_plots}
+    if curves is not None:
+        from receipt_embed.audit import report
+
+        plots["precision_recall"] = report.precision_recall(curves, figures["precision_recall"]["calibrated"])
     roots = ImageRoots.for_index(meta, images_roots)
     gallery_cards = _gallery(index_dir, labels, attributes, gallery, roots)
     figures["gallery_refused"] = len(roots.refused)
@@ -266,6 +311,13 @@ def summary(figures: dict) -> str:
         f"recall@5 {_num(retrieval['recall_at_5'])}, recall@10 {_num(retrieval['recall_at_10'])}, "
         f"mAP {_num(retrieval['map'])}"
     )
+    if "verified" in retrieval:
+        verified = retrieval["verified"]
+        lines.append(
+            f"verified ({', '.join(verified['verifiers'])}, shortlist {verified['shortlist']}): "
+            f"recall@1 {_num(verified['recall_at_1'])}, recall@5 {_num(verified['recall_at_5'])}, "
+            f"recall@10 {_num(verified['recall_at_10'])}, mAP {_num(verified['map'])}"
+        )
     for name, s in figures["shortcuts"].items():
         cross = retrieval["cross_attribute"][name]
         cross_text = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -110,6 +111,19 @@ def _folders_only(values):
     help="Folder the gallery may read thumbnails from besides the dataset's capture folders "
     "(repeatable); images anywhere else are not read.",
 )
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also the retrieval figures after the index's verifiers (`index --verify`) re-rank each item's "
+    "--shortlist nearest (retrieval.verified), and the precision-recall curves of both scores.",
+)
+@click.option(
+    "--shortlist",
+    type=click.IntRange(min=1, max=10_000),
+    default=10,
+    show_default=True,
+    help="With --verify: embedding neighbours re-ranked per item.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @click.option(
     "--force", is_flag=True, help="Replace an existing report in the report dir (written whole, then swapped in)."
@@ -128,6 +142,8 @@ def audit_shortcuts(
     skip_checks,
     check_settings,
     images_roots,
+    verify,
+    shortlist,
     quiet,
     force,
 ):
@@ -142,7 +158,10 @@ def audit_shortcuts(
     from receipt_embed.audit.figures import FlagRule
     from receipt_embed.audit.run import run_audit, summary
     from receipt_embed.indexing import IndexDirError
+    from receipt_embed.registry import ComponentError
 
+    if not verify and click.get_current_context().get_parameter_source("shortlist").name != "DEFAULT":
+        raise InputError("--shortlist goes with --verify (re-ranking by verifiers)")
     if out_dir == "-":
         raise InputError("--out takes a directory for audit.json and audit.html; the summary always goes to stdout")
     out = Path(out_dir) if out_dir else Path(index_dir) / "audit"
@@ -170,8 +189,11 @@ def audit_shortcuts(
             images_roots=images_roots,
             log=log,
             force=force,
+            verify=verify,
+            shortlist=shortlist,
+            progress=not quiet and sys.stderr.isatty(),
         )
-    except (IndexDirError, OSError, BadInput, AuditCheckError) as exc:
+    except (IndexDirError, OSError, BadInput, AuditCheckError, ComponentError) as exc:
         raise InputError(str(exc)) from None
     click.echo(summary(figures))
     click.echo(printable(f"Report: {out / 'audit.html'} (figures in {out / 'audit.json'})"))

@@ -141,12 +141,12 @@ def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99
             "recall": None if chosen is None else chosen["recall"],
             "flagged": None if chosen is None else chosen["flagged"],
             **({"shortlist": shortlist, "verifiers": list(checks[kind])} if kind in checks else {}),
-            "curve": _thinned(curve),
+            "curve": thinned(curve),
         }
     return record
 
 
-def _thinned(curve: list[dict]) -> list[dict]:
+def thinned(curve: list[dict]) -> list[dict]:
     if len(curve) <= CURVE_POINTS:
         return curve
     picks = np.unique(np.linspace(0, len(curve) - 1, CURVE_POINTS).round().astype(int))

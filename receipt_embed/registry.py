@@ -84,10 +84,12 @@ def _params_key(kind: str) -> str:
 
 
 def _parameter_hint(factory, params: dict, kind: str) -> str:
-    """'; it accepts a, b (did you mean 'margin'?)' for a parameter the factory lacks."""
+    """'; it accepts a, b (did you mean 'margin'?)' for a parameter the factory lacks (a lazy
+    built-in factory, ``**params``, is read through what it builds: its ``signature_target``)."""
+    target = getattr(factory, "signature_target", None)
     try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
+        parameters = inspect.signature(target() if target else factory).parameters
+    except (TypeError, ValueError, ImportError, AttributeError):
         return ""
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return ""

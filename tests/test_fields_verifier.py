@@ -32,6 +32,10 @@ from receipt_embed.verification.fields import (
         ("5/1/2019", "2019-01-05"),
         ("01/02/99", "1999-02-01"),
         ("31/02/2018", "2018-02-31"),  # not a calendar check: the same wrong print compares equal
+        ("20180428", "2018-04-28"),  # compact, year first (SROIE prints both)
+        ("25032018", "2018-03-25"),  # compact, day first
+        ("Date:25032018", "2018-03-25"),
+        ("123456789", ""),
         ("32/12/2018", ""),
         ("13/13/2018", ""),
         ("no date here", ""),
@@ -122,3 +126,23 @@ def test_the_fields_and_how_dates_read_are_parameters():
     with pytest.raises(BadInput, match="day_first must be true or false, got 'yes'"):
         FieldsVerifier(day_first="yes")
     assert np.array_equal(FieldsVerifier().extract(None, None)["values"], np.array(["", "", "", ""]))
+
+
+def test_index_is_told_which_fields_the_captures_lack():
+    """check_rows, run by `index --verify fields` before extracting: a field no capture carries is
+    never compared, a partly filled one judges fewer pairs, and none at all is refused."""
+    from receipt_embed.errors import BadInput
+
+    rows = [{"path": "a.jpg", "date": "25/12/2018", "total": "9.00"}, {"path": "b.jpg", "date": "soon", "total": "9"}]
+    assert FieldsVerifier().check_rows(rows) == [
+        "verifier fields: 1 of 2 captures have no date value that reads as a date; those pairs are judged on "
+        "their other fields",
+        "verifier fields: no capture has a receipt_number value, so receipt_number is never compared",
+        "verifier fields: no capture has a merchant value, so merchant is never compared",
+    ]
+    assert FieldsVerifier(fields=["total"]).check_rows(rows) == []
+    with pytest.raises(
+        BadInput,
+        match=r"no capture has a usable value in shop, so it could only abstain; the captures' columns are date, path, total",
+    ):
+        FieldsVerifier(fields=["shop"]).check_rows(rows)

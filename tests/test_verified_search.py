@@ -127,6 +127,13 @@ def test_verify_options_are_refused_where_they_do_not_apply(cli, trained, verifi
     assert said.returncode == 2 and "unknown verifier 'geometrc'" in said.stderr and "'geometric'" in said.stderr
     said = cli(*base, "--verify-set", "geometric.keypoints=900")
     assert said.returncode == 2 and "add --verify geometric" in said.stderr
+    said = cli(*base, "--verify", "geometric", "--verify-set", "geometric.keypoint=900")
+    assert said.returncode == 2 and (
+        "its --verify-set may set long_side, keypoints, ratio, reprojection_px (did you mean 'keypoints' for "
+        "'keypoint'?)" in said.stderr
+    ), said.stderr
+    said = cli(*base, "--verify", "fields", "--verify-set", "fields.fields=[shop]")
+    assert said.returncode == 2 and "no capture has a usable value in shop, so it could only abstain" in said.stderr
     said = cli(*base, "--verify", "geometric", "--verify-set", "geometric.ratio=2")
     assert said.returncode == 2 and "ratio must be in (0, 1], got 2" in said.stderr
     said = cli(*base, "--verify", "geometric", "--shard", "0/2")

@@ -142,6 +142,14 @@ def _verifier_data(built_verifiers: dict, params: dict, captures, loaded, regist
         def errors(path, name=name):
             return plugin_errors(registry, "verifier", name, f"extracting from {path}")
 
+        if callable(getattr(verifier, "check_rows", None)):  # optional: a verifier of manifest rows says what it lacks
+            import warnings
+
+            with plugin_errors(registry, "verifier", name, "checking the captures' rows"):
+                notes = verifier.check_rows([dict(row) for row in captures.rows])
+            for note in notes or ():
+                warnings.warn(str(note), stacklevel=2)
+
         data, seconds = extract_items(
             verifier, name, captures.paths, captures.rows, limits, progress=progress, errors=errors
         )

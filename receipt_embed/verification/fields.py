@@ -53,11 +53,21 @@ DEFAULT_FIELDS = ("date", "total", "receipt_number", "merchant")
 def normalise_date(value: str, day_first: bool = True) -> str:
     """A printed date as ``YYYY-MM-DD`` (``""`` when it is not one). Numeric dates are day first
     unless ``day_first`` is False (then month first) when the year is not first; two-digit years
-    are 20YY below 70, else 19YY; a month may be a name (``25 Dec 2018``, ``Dec 25, 2018``)."""
+    are 20YY below 70, else 19YY; a month may be a name (``25 Dec 2018``, ``Dec 25, 2018``); eight
+    digits without separators read year first when they start 19 or 20 and hold a month there
+    (``20180428``), else as day, month, year (``25032018``)."""
     text = str(value).strip().lower()
     found = re.search(r"(\d{1,4})\s*[/\-.\s]\s*([a-z]{3,9}|\d{1,2})\.?\s*[/\-.\s,]\s*(\d{2,4})", text)
     named_first = re.search(r"([a-z]{3,9})\.?\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{2,4})", text)
-    if found:
+    compact = re.fullmatch(r"\D*(\d{8})\D*", text)  # 20180428 or 25032018, printed without separators
+    if compact and not found:
+        digits = compact.group(1)
+        if digits[:2] in ("19", "20") and 1 <= int(digits[4:6]) <= 12:
+            found_parts = (digits[6:], digits[4:6], digits[:4])
+        else:
+            found_parts = (digits[:2], digits[2:4], digits[4:]) if day_first else (digits[2:4], digits[:2], digits[4:])
+        day, month, year = found_parts
+    elif found:
         first, middle, last = found.groups()
         if middle.isalpha():
             if middle not in MONTHS:
@@ -151,6 +161,29 @@ class FieldsVerifier:
         if kind == "date":
             return normalise_date(value, self.day_first)
         return NORMALISERS[kind](value)
+
+    def check_rows(self, rows: list[dict]) -> list[str]:
+        """What ``index --verify fields`` says before extracting: a field no capture carries (with
+        a value that reads as its kind) is never compared; when none is carried, the verifier
+        could only abstain, so that is refused naming the columns the captures do have."""
+        usable = {column: sum(1 for row in rows if self.normalise(column, row.get(column))) for column in self.fields}
+        if rows and not any(usable.values()):
+            present = sorted({key for row in rows for key in row})
+            raise BadInput(
+                f"verifier fields: no capture has a usable value in {', '.join(self.fields)}, so it could only "
+                f"abstain; the captures' columns are {', '.join(present)}: pick some with "
+                "--verify-set fields.fields=[COLUMN,...]"
+            )
+        notes = []
+        for column, count in usable.items():
+            if count == 0:
+                notes.append(f"verifier fields: no capture has a {column} value, so {column} is never compared")
+            elif count < len(rows):
+                notes.append(
+                    f"verifier fields: {len(rows) - count} of {len(rows)} captures have no {column} value that reads "
+                    f"as a {KINDS.get(column, 'text')}; those pairs are judged on their other fields"
+                )
+        return notes
 
     def extract(self, image, item: dict | None = None) -> dict[str, np.ndarray]:
         """``values``: one normalised string per field of ``fields`` (``""`` where the row has none)."""

@@ -322,3 +322,16 @@ def test_a_verifier_without_evidence_is_left_out_of_the_verified_score():
     assert verified_score([{"score": 0.8}, {"score": 0.5, "abstain": True}]) == 0.8
     assert verified_score([{"score": 0.8}, {"score": 0.0, "abstain": False}]) == 0.4
     assert verified_score([{"score": 0.5, "abstain": True}]) == 0.5
+
+
+def test_a_threshold_on_too_few_flags_is_warned_about():
+    from receipt_embed.indexing.calibration import few_flags
+
+    record = {"embedding": {"flagged": 22}, "verified": {"flagged": 1698}, "verified_image": {"flagged": None}}
+    assert few_flags(record, 0.99) == [
+        "the embedding threshold rests on 22 flagged queries; 100 are needed before precision 0.99 can show one "
+        "false alarm in 100: calibrate on more labelled captures"
+    ]
+    assert few_flags({"embedding": {"flagged": 10}}, 0.9) == []
+    assert len(few_flags({"embedding": {"flagged": 9}}, 0.9)) == 1
+    assert few_flags({"embedding": {"flagged": 1}}, 1.0) == []

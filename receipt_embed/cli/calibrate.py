@@ -42,7 +42,7 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
     \b
     receipt-embed calibrate INDEX_DIR --target-precision 0.99"""
     from receipt_embed.indexing import IndexDirError, load_index_dir
-    from receipt_embed.indexing.calibration import KINDS, in_words
+    from receipt_embed.indexing.calibration import KINDS, few_flags, in_words
     from receipt_embed.indexing.calibration import calibrate as calibrated
     from receipt_embed.indexing.index_dir import write_calibration
     from receipt_embed.registry import ComponentError
@@ -66,4 +66,6 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
     for kind in KINDS:
         if kind in record:
             click.echo(f"  {in_words(kind, record[kind], target_precision)}")
+    for warning in few_flags(record, target_precision):
+        click.echo(printable(f"Warning: {warning}"), err=True)
     click.echo(printable(f"stored in {index_dir}/index.json; `search --threshold auto` uses it"))

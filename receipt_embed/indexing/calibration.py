@@ -169,6 +169,26 @@ def in_words(kind: str, chosen: dict, target: float) -> str:
     )
 
 
+def few_flags(record: dict, target: float) -> list[str]:
+    """Warnings for thresholds chosen on too few flags to show the target: at precision 0.99 one
+    false alarm per 100 is the question, so fewer than 100 flags cannot answer it."""
+    import math
+
+    if target >= 1:
+        return []
+    needed = math.ceil(1 / (1 - target) - 1e-9)
+    warnings = []
+    for kind in KINDS:
+        chosen = record.get(kind) or {}
+        flagged = chosen.get("flagged")
+        if flagged is not None and flagged < needed:
+            warnings.append(
+                f"the {kind} threshold rests on {flagged} flagged queries; {needed} are needed before precision "
+                f"{target:g} can show one false alarm in {needed}: calibrate on more labelled captures"
+            )
+    return warnings
+
+
 def search_kind(verify: bool, with_fields: bool, calibration: dict | None) -> str:
     """Which calibrated score a search's verdict uses: the embedding's without --verify; with it,
     ``verified_image`` for a bare query image when the index calibrated one (its verifiers of

@@ -214,6 +214,24 @@ def test_a_blank_or_tiny_capture_reads_no_field_and_abstains():
     assert verifier.score(blank, tiny) == {"score": 0.5, "agree": [], "differ": [], "abstain": True}
 
 
+def test_reading_a_receipt_leaves_no_usage_events_for_upload(tmp_path):
+    """onnxruntime queues telemetry under ~/.cache/Microsoft unless told not to before its import."""
+    import os
+    import subprocess
+
+    script = (
+        "import numpy as np\n"
+        "from receipt_embed.verification.ocr import OcrFieldsVerifier\n"
+        "print(OcrFieldsVerifier().extract(np.full((200, 100, 3), 255, np.uint8))['values'].tolist())\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env.pop("ORT_DISABLE_TELEMETRY", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['', '']"
+    assert not (tmp_path / ".cache" / "Microsoft").exists()
+
+
 @pytest.mark.parametrize("missing", ["rapidocr", "onnxruntime"])
 def test_without_the_engine_construction_names_the_pip_extra(monkeypatch, missing):
     monkeypatch.setitem(sys.modules, missing, None)  # the import fails as if it were not installed

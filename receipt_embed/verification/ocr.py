@@ -17,6 +17,7 @@ label or the layout says what it is (``TOTAL`` but not ``SUBTOTAL``, ``TOTAL QTY
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -277,7 +278,11 @@ _ENGINES_LOCK = threading.Lock()
 
 
 def require_engine() -> None:
-    """Import rapidocr and onnxruntime, or say how to install them."""
+    """Import rapidocr and onnxruntime, or say how to install them. onnxruntime 1.32 on Linux
+    queues usage events for upload (under ``~/.cache/Microsoft/DeveloperTools``) unless
+    ``ORT_DISABLE_TELEMETRY`` is set when it is first imported: it is set here (unless already
+    set), so reading receipts sends nothing anywhere."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     try:
         import onnxruntime  # noqa: F401
         import rapidocr  # noqa: F401

@@ -3,8 +3,10 @@
     python benchmarks/verification.py INDEX_DIR [--shortlist 10] [--queries N] [--json FILE]
 
 With the ``fields`` verifier in the index too (``index --verify geometric --verify fields``), its
-score alone and the verified score search uses (the mean of coverage and fields) are rows as well;
-the fields come from the manifest's columns, so they are as good as the team's OCR output is.
+score alone and the verified score search uses (the mean of coverage and fields, an abstaining
+fields verifier left out as search leaves it out) are rows as well; the fields come from the
+manifest's columns, so they are as good as the team's OCR output is. The same two rows for the
+``ocr_fields`` verifier when the index stores it (the fields read from the pixels by OCR).
 
 Every indexed capture is a query (leave-one-out) against the others: its embedding shortlist is
 the exact ``--shortlist`` nearest other captures (from embeddings.npy), and each variant of the
@@ -31,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from receipt_embed.indexing import load_index_dir  # noqa: E402
+from receipt_embed.indexing.verification import verified_score  # noqa: E402
 from receipt_embed.verification.geometric import match_pair  # noqa: E402
 
 # score variants: from a pair's (inliers, coverage), higher = more likely the same receipt
@@ -61,13 +64,17 @@ def main() -> None:
     queries = range(len(receipts) if args.queries is None else min(args.queries, len(receipts)))
     ratio, reprojection = params.get("ratio", 0.8), params.get("reprojection_px", 4.0)
 
-    fields = None
-    if "fields" in index.verifiers:
-        from receipt_embed.plugin_manager import get_registry
+    # verifiers of printed fields the index stores: from manifest columns (fields), read by OCR (ocr_fields)
+    field_checks = {}
+    for kind in ("fields", "ocr_fields"):
+        if kind in index.verifiers:
+            from receipt_embed.plugin_manager import get_registry
 
-        fields = get_registry().create("verifier", "fields", **index.meta["verifiers"]["fields"]["params"])
-        field_data = index.verifiers["fields"]
-    names = [*VARIANTS, *(["fields", "verified: mean of coverage and fields"] if fields is not None else [])]
+            params = index.meta["verifiers"][kind]["params"]
+            field_checks[kind] = (get_registry().create("verifier", kind, **params), index.verifiers[kind])
+    names = [*VARIANTS]
+    for kind in field_checks:
+        names += [kind, f"verified: mean of coverage and {kind}"]
     hits = {name: 0 for name in names}
     sibling_above = {name: 0 for name in names}
     in_shortlist, pairs, pair_seconds = 0, 0, 0.0
@@ -88,17 +95,23 @@ def main() -> None:
             found.append((match.inliers, match.coverage))
         for (inliers, _), is_true, is_sibling in zip(found, true, sibling):
             inliers_by["true" if is_true else "sibling" if is_sibling else "other"].append(inliers)
-        agreement = (
-            None
-            if fields is None
-            else np.array([fields.score(field_data.item(query), field_data.item(int(r)))["score"] for r in shortlist])
-        )
+        agreement = {
+            kind: [verifier.score(data.item(query), data.item(int(r))) for r in shortlist]
+            for kind, (verifier, data) in field_checks.items()
+        }
         for name in names:
             variant = VARIANTS.get(name)
-            if name == "fields":
-                score = agreement
+            if name in field_checks:
+                score = np.array([result["score"] for result in agreement[name]])
             elif name.startswith("verified"):
-                score = (np.array([coverage for _, coverage in found]) + agreement) / 2
+                kind = name.rsplit(" ", 1)[1]
+                # as search --verify: the mean of the verifiers that have evidence (an abstaining one is left out)
+                score = np.array(
+                    [
+                        verified_score([{"score": coverage}, result])
+                        for (_, coverage), result in zip(found, agreement[kind])
+                    ]
+                )
             elif variant is None:
                 score = sims[shortlist]
             else:

@@ -191,16 +191,20 @@ def check_audit_check(check, *, items: int = 60, dim: int = 16, seed: int = 0) -
     )
 
 
-def _synthetic_page(seed: int, size=(640, 360)) -> np.ndarray:
-    """A white portrait page with lines of random printed characters (uint8 RGB), one per seed."""
+def _synthetic_page(seed: int, size=(640, 360), printed: tuple[str, ...] = ()) -> np.ndarray:
+    """A white portrait page with lines of random printed characters (uint8 RGB), one per seed,
+    below the ``printed`` lines (its row's date and total, for verifiers that read them)."""
     import cv2
 
     rng = np.random.default_rng(seed)
     page = np.full((*size, 3), 255, np.uint8)
     alphabet = "ABCDEFGHJKLMNPQRSTUVWXYZ0123456789.:/-"
-    for row in range(24, size[0] - 10, 22):
+    for index, row in enumerate(range(24, size[0] - 10, 22)):
         line = "".join(rng.choice(list(alphabet), size=int(rng.integers(8, 22))))
-        cv2.putText(page, line, (int(rng.integers(8, 40)), row), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (0, 0, 0), 1)
+        x = int(rng.integers(8, 40))
+        if index < len(printed):
+            line = printed[index]
+        cv2.putText(page, line, (x, row), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (0, 0, 0), 1)
     return page
 
 
@@ -210,7 +214,8 @@ def check_verifier(verifier, *, seed: int = 0) -> None:
     ``score`` returns a dict whose ``score`` is a float in [0, 1] and whose other values are
     JSON-ready; the arrays give the same score after a save and load without pickle; and a
     page scores higher against a perspective-warped capture of itself (the same manifest row)
-    than against another page (another row)."""
+    than against another page (another row). Each page prints its row's date and total on its
+    first two lines, so a verifier that reads them from the pixels (OCR) is checked too."""
     import io
     import json
 
@@ -218,14 +223,15 @@ def check_verifier(verifier, *, seed: int = 0) -> None:
 
     _meets_its_kind("verifier", verifier)
     needs_image = bool(getattr(verifier, "needs_image", True))
-    page, other = _synthetic_page(seed), _synthetic_page(seed + 1)
-    height, width = page.shape[:2]
-    homography = np.array([[0.92, 0.06, 14.0], [-0.05, 0.97, 22.0], [4e-5, 3e-5, 1.0]])
-    warped = cv2.warpPerspective(page, homography, (width, height), borderValue=(255, 255, 255))
     row = {"path": "a.jpg", "receipt_id": "r1", "device": "d0", "merchant": "SHOP", "date": "25/12/2018",
            "total": "9.00", "receipt_number": "1001"}  # fmt: skip
     other_row = {**row, "path": "c.jpg", "receipt_id": "r2", "date": "26/12/2018", "total": "12.40",
                  "receipt_number": "1002"}  # fmt: skip
+    page = _synthetic_page(seed, printed=(f"DATE {row['date']}", f"TOTAL {row['total']}"))
+    other = _synthetic_page(seed + 1, printed=(f"DATE {other_row['date']}", f"TOTAL {other_row['total']}"))
+    height, width = page.shape[:2]
+    homography = np.array([[0.92, 0.06, 14.0], [-0.05, 0.97, 22.0], [4e-5, 3e-5, 1.0]])
+    warped = cv2.warpPerspective(page, homography, (width, height), borderValue=(255, 255, 255))
 
     def extract(image, item):
         data = verifier.extract(image if needs_image else None, dict(item))

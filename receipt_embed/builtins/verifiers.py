@@ -18,9 +18,16 @@ def build_fields(**params):
     return FieldsVerifier(**params)
 
 
+def build_ocr_fields(**params):
+    from receipt_embed.verification.ocr import OcrFieldsVerifier
+
+    return OcrFieldsVerifier(**params)
+
+
 # their parameters' annotations, for the registry's checks
 build_geometric.signature_target = lazy_target("receipt_embed.verification.geometric", "GeometricVerifier")
 build_fields.signature_target = lazy_target("receipt_embed.verification.fields", "FieldsVerifier")
+build_ocr_fields.signature_target = lazy_target("receipt_embed.verification.ocr", "OcrFieldsVerifier")
 
 
 @hookimpl
@@ -36,4 +43,10 @@ def register_verifiers(register):
         build_fields,
         description="printed date, total, receipt number and shop from manifest columns, normalised "
         "(params: fields, day_first)",
+    )
+    register(
+        "ocr_fields",
+        build_ocr_fields,
+        description="printed date, total (and receipt number, shop) read from the capture by OCR "
+        '(RapidOCR; pip install "receipt-embed[ocr]"; params: fields, day_first, long_side, min_score, threads)',
     )

@@ -146,12 +146,15 @@ class FieldsVerifier:
     fields: list[str] = field(default_factory=lambda: list(DEFAULT_FIELDS))
     day_first: bool = True
     needs_image = False  # extract() reads the manifest row only
+    name = "fields"  # the registered name, for messages (a subclass that reads fields elsewhere renames it)
 
     def __post_init__(self):
         if isinstance(self.fields, str) or not self.fields or not all(isinstance(f, str) and f for f in self.fields):
-            raise BadInput(f"verifier fields: fields must be a non-empty list of column names, got {self.fields!r}")
+            raise BadInput(
+                f"verifier {self.name}: fields must be a non-empty list of column names, got {self.fields!r}"
+            )
         if not isinstance(self.day_first, bool):
-            raise BadInput(f"verifier fields: day_first must be true or false, got {self.day_first!r}")
+            raise BadInput(f"verifier {self.name}: day_first must be true or false, got {self.day_first!r}")
         self.fields = list(dict.fromkeys(self.fields))
 
     def normalise(self, column: str, value) -> str:

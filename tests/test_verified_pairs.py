@@ -335,3 +335,52 @@ def test_audit_verify_needs_verifier_data_and_shortlist_needs_verify(cli, traine
     assert not (tmp_path / "r").exists()
     said = cli("audit-shortcuts", plain, "--shortlist", "5", "--out", tmp_path / "r")
     assert said.returncode == 2 and "--shortlist goes with --verify" in said.stderr
+
+
+def test_a_search_on_which_every_verifier_abstains_gives_no_verdict(cli, both_index):
+    """The fields verifier alone, and a query without its fields: no evidence, so no verdict (not a
+    0.5 judged against the threshold), and the table says the verifier abstained."""
+    item = load_index_dir(both_index).items[0]
+    common = ("search", both_index, item["path"], "--verify", "--verifier", "fields", "--threshold", "0.4")
+    result = json.loads(cli(*common, "--json").stdout)[0]
+    assert result["duplicate"] is None and result["match"] is None
+    assert all(hit["verified"]["score"] is None for hit in result["neighbours"])
+    table = cli(*common)
+    assert table.returncode == 0, table.stderr
+    assert "no verdict: every verifier abstained on every other capture" in table.stdout
+    assert "fields abstained" in table.stdout and "0.500" not in table.stdout
+    given = json.loads(cli(*common, "--json", "--field", f"merchant={item['merchant']}").stdout)[0]
+    assert given["duplicate"] is True  # a capture of the same shop agrees, so the verdict returns
+
+
+def test_a_field_no_selected_verifier_compares_is_refused(cli, both_index):
+    item = load_index_dir(both_index).items[0]
+    common = ("search", both_index, item["path"], "--verify")
+    alone = cli(*common, "--verifier", "geometric", "--field", "merchant=x")
+    assert alone.returncode == 2
+    assert "--field merchant: no selected verifier compares printed fields (this search uses geometric" in alone.stderr
+    unread = cli(*common, "--field", "date=25/12/2018", "--field", "merchant=x")
+    assert unread.returncode == 2
+    assert "--field date: no selected verifier compares it (fields compares merchant)" in unread.stderr
+
+
+def test_all_pairs_leaves_pairs_without_evidence_unscored_and_unflagged(tmp_path):
+    """verify_pairs with the real fields verifier: a pair sharing no field has no verified score
+    (NaN, a blank CSV cell), so no threshold flags it."""
+    from types import SimpleNamespace
+
+    from receipt_embed.indexing.pairs import pair_rows, verify_pairs
+    from receipt_embed.verification.fields import FieldsVerifier
+
+    verifier = FieldsVerifier(fields=["date", "total"])
+    rows = [{"date": "25/12/2018", "total": "9.00"}, {"date": "25-12-18"}, {}, {"total": "7"}]
+    extracted = [verifier.extract(None, row) for row in rows]
+    data = SimpleNamespace(item=lambda i: extracted[i])
+    a, b = np.array([0, 0, 1, 2]), np.array([1, 2, 3, 3])
+    scores = verify_pairs({"fields": (verifier, data)}, builtin_registry(), a, b)
+    assert scores["score"][0] == 1.0  # 0 and 1 agree on the date; the others share no field
+    assert np.isnan(scores["score"][[1, 2, 3]]).all() and np.isnan(scores["fields"][[1, 2, 3]]).all()
+    items = [{"receipt_id": "r", "device": "d", "path": f"p{i}"} for i in range(4)]
+    written = list(pair_rows(SimpleNamespace(items=items), a, b, np.ones(4, dtype=np.float32), scores))
+    assert [row[len(PAIR_COLUMNS)] for row in written] == ["1.000000", "", "", ""]
+    assert summarise(scores["score"], np.ones(4, dtype=np.int8), [0.0], 6)[0]["pairs"] == 1

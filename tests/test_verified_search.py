@@ -4,6 +4,7 @@ search --verify re-ranks the embedding's shortlist by it: real FAISS index dirs,
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -122,6 +123,10 @@ def test_verify_options_are_refused_where_they_do_not_apply(cli, trained, verifi
     assert said.returncode == 2 and "--field date: give KEY=VALUE" in said.stderr
     said = cli("search", verified_index, query, "--threshold", "0.5", "--threshold", "0.6")
     assert said.returncode == 2 and "give --threshold once for image queries" in said.stderr
+    said = cli("search", verified_index, query, "--verify", "--threshold", "-0.2")
+    assert said.returncode == 2 and "--threshold -0.2 with --verify: verified scores are 0 to 1" in said.stderr
+    said = cli("search", verified_index, "--all-pairs", "--out", tmp_path / "p.csv")
+    assert said.returncode == 2 and "--all-pairs needs --threshold T (or --threshold auto" in said.stderr
     base = ("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "x")
     said = cli(*base, "--verify", "geometrc")
     assert said.returncode == 2 and "unknown verifier 'geometrc'" in said.stderr and "'geometric'" in said.stderr
@@ -252,6 +257,14 @@ def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_p
     assert said.returncode == 0, said.stderr
     assert "of duplicates caught" in said.stdout and "false alarms per 100 flagged" in said.stdout
     assert "embedding: " in said.stdout and "verified (geometric): " in said.stdout
+    stored = load_index_dir(index_dir).meta["calibration"]
+    uses = said.stdout.split("uses:\n", 1)[1]
+    assert (
+        f"search IMAGE (without --verify) and --all-pairs: the embedding threshold {stored['embedding']['threshold']:.4f}"
+        in uses
+    )
+    if stored["verified"]["threshold"] is not None:
+        assert "search IMAGE --verify, and --all-pairs --verify: the verified threshold" in uses
     index = load_index_dir(index_dir)  # checksums still hold: only index.json changed
     calibration = index.meta["calibration"]
     assert calibration["target_precision"] == 0.9 and calibration["queries"] == index.count
@@ -271,8 +284,45 @@ def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_p
     plain = json.loads(cli("search", index_dir, query, "--json").stdout)[0]  # no --threshold: the calibrated one
     best_other = next(hit for hit in plain["neighbours"] if not hit["same_file"])
     assert plain["duplicate"] == (best_other["similarity"] >= threshold - 1e-6)
+    assert plain["threshold_kind"] == "embedding"
+    given = json.loads(cli("search", index_dir, query, "--json", "--threshold", "0.5").stdout)[0]
+    assert given["threshold_kind"] == "given" and given["threshold"] == 0.5
     table = cli("search", index_dir, query, "--threshold", "auto")
-    assert f">= {threshold:g})" in table.stdout or f"below {threshold:g})" in table.stdout
+    said = f"{threshold:g}, the calibrated embedding threshold)"
+    assert f">= {said}" in table.stdout or f"below {said}" in table.stdout
+
+
+def test_a_calibration_is_not_written_onto_an_index_replaced_meanwhile(verified_index, tmp_path):
+    from receipt_embed.indexing.index_dir import read_meta, write_calibration
+
+    index_dir = tmp_path / "ix"
+    shutil.copytree(verified_index, index_dir)
+    before = (index_dir / "index.json").read_bytes()
+    computed_on = {**read_meta(index_dir), "checksums": {"index.faiss": "0" * 64}}  # another index's
+    with pytest.raises(IndexDirError, match="was replaced while it was being calibrated .* nothing was written"):
+        write_calibration(index_dir, {"target_precision": 0.99}, calibrated=computed_on)
+    assert (index_dir / "index.json").read_bytes() == before
+    meta = write_calibration(index_dir, {"target_precision": 0.99}, calibrated=read_meta(index_dir))
+    assert meta["calibration"] == {"target_precision": 0.99}
+    # a second calibration of the same index replaces the first: calibration is not part of its identity
+    write_calibration(index_dir, {"target_precision": 0.9}, calibrated=meta)
+    assert read_meta(index_dir)["calibration"] == {"target_precision": 0.9}
+
+
+def test_calibration_warns_where_its_thresholds_cannot_say_much():
+    from receipt_embed.indexing.calibration import calibration_warnings, searches_using
+
+    one = calibration_warnings({"receipts": 1, "embedding": {"flagged": 500}}, 0.99)
+    assert len(one) == 1 and "every capture is of one receipt" in one[0]
+    strict = calibration_warnings({"receipts": 40, "embedding": {"flagged": 500}}, 1.0)
+    assert len(strict) == 1 and "--target-precision 1 picks the lowest threshold" in strict[0]
+    assert calibration_warnings({"receipts": 40, "embedding": {"flagged": 500}}, 0.99) == []
+    record = {"embedding": {"threshold": 0.9}, "verified": {"threshold": 0.5}, "verified_image": {"threshold": None}}
+    assert searches_using(record) == [
+        "search IMAGE (without --verify) and --all-pairs: the embedding threshold 0.9000",
+        "search IMAGE --verify --field KEY=VALUE, and --all-pairs --verify: the verified threshold 0.5000",
+    ]
+    assert searches_using({"embedding": {"threshold": None}}) == []
 
 
 def test_calibrate_refuses_an_index_it_cannot_calibrate(cli, tmp_path):
@@ -321,7 +371,48 @@ def test_a_verifier_without_evidence_is_left_out_of_the_verified_score():
 
     assert verified_score([{"score": 0.8}, {"score": 0.5, "abstain": True}]) == 0.8
     assert verified_score([{"score": 0.8}, {"score": 0.0, "abstain": False}]) == 0.4
-    assert verified_score([{"score": 0.5, "abstain": True}]) == 0.5
+    assert verified_score([{"score": 0.5, "abstain": True}]) is None  # no evidence: no score at all
+
+
+def test_a_verifier_result_is_checked_before_it_is_used():
+    from receipt_embed.errors import BadInput
+    from receipt_embed.indexing.verification import score_figures
+
+    assert score_figures("v", {"score": np.int64(1)})["score"] == 1.0
+    assert score_figures("v", {"score": np.float32(0.25), "abstain": np.bool_(False)}) == {
+        "score": 0.25,
+        "abstain": False,
+    }
+    for bad, said in (
+        ({"score": 10**400}, "returned a score of 1000000"),
+        ({"score": float("nan")}, "returned a score of nan"),
+        ({"score": True}, "returned a score of True"),
+        ({"score": 1.5}, "must be a number in [0, 1]"),
+        ({"score": 0.5, "abstain": "yes"}, "returned abstain='yes': it must be true or false"),
+        ({"score": 0.5, "abstain": 1}, "returned abstain=1"),
+    ):
+        with pytest.raises(BadInput, match=re.escape(said)):
+            score_figures("v", bad)
+    with pytest.raises(BadInput, match=r"returned a score of 1{57}\.\.\."):
+        score_figures("v", {"score": int("1" * 500)})
+
+
+def test_pairs_on_which_every_verifier_abstained_are_never_flagged():
+    from receipt_embed.indexing.calibration import pr_curve
+    from receipt_embed.indexing.verification import fused
+
+    rows = np.array([[1, 2], [0, -1], [0, 1]])
+    per = {
+        "fields": (
+            np.array([[1.0, 0.5], [0.5, 0.0], [0.0, 0.5]]),
+            np.array([[False, True], [True, True], [False, True]]),
+        )
+    }
+    verified = fused(rows, per, ["fields"])
+    assert verified.tolist() == [[1.0, -np.inf], [-np.inf, -np.inf], [0.0, -np.inf]]
+    curve = pr_curve(np.array([1.0, -np.inf, 0.0]), np.array([True, True, False]), positives=3)
+    assert [(p["threshold"], p["flagged"]) for p in curve] == [(1.0, 1), (0.0, 2)]  # the -inf query never flags
+    assert curve[-1]["recall"] == pytest.approx(1 / 3)
 
 
 def test_a_threshold_on_too_few_flags_is_warned_about():

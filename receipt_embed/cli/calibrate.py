@@ -42,7 +42,7 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
     \b
     receipt-embed calibrate INDEX_DIR --target-precision 0.99"""
     from receipt_embed.indexing import IndexDirError, load_index_dir
-    from receipt_embed.indexing.calibration import KINDS, few_flags, in_words
+    from receipt_embed.indexing.calibration import KINDS, calibration_warnings, in_words, searches_using
     from receipt_embed.indexing.calibration import calibrate as calibrated
     from receipt_embed.indexing.index_dir import write_calibration
     from receipt_embed.registry import ComponentError
@@ -51,7 +51,7 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
         index = load_index_dir(index_dir)
         registry = load_registry(ctx) if index.meta.get("verifiers") else None
         record = calibrated(index, registry, target_precision, shortlist)
-        write_calibration(index_dir, record)
+        write_calibration(index_dir, record, calibrated=index.meta)
     except (IndexDirError, ComponentError, OSError, BadInput) as exc:
         raise InputError.of(exc) from None
     if as_json:
@@ -66,6 +66,17 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
     for kind in KINDS:
         if kind in record:
             click.echo(f"  {in_words(kind, record[kind], target_precision)}")
-    for warning in few_flags(record, target_precision):
+    for warning in calibration_warnings(record, target_precision):
         click.echo(printable(f"Warning: {warning}"), err=True)
-    click.echo(printable(f"stored in {index_dir}/index.json; `search --threshold auto` uses it"))
+    uses = searches_using(record)
+    if uses:
+        click.echo(printable(f"stored in {index_dir}/index.json; `search --threshold auto` (the default) uses:"))
+        for line in uses:
+            click.echo(printable(f"  {line}"))
+    else:
+        click.echo(
+            printable(
+                f"stored in {index_dir}/index.json (the curves), but no threshold reached the target, so "
+                "`search --threshold auto` has none to use: give --threshold T, or a lower --target-precision"
+            )
+        )

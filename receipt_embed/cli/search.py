@@ -15,7 +15,7 @@ from receipt_embed.display import printable, spreadsheet_safe, utf8_safe
 from receipt_embed.errors import BadInput
 
 
-def _print_results(results: list[dict], threshold) -> None:
+def _print_results(results: list[dict], threshold, threshold_kind: str | None = None) -> None:
     """The table; values from the index are escaped, so none can print a line of its own."""
     for result in results:
         click.echo(printable(result["query"]))
@@ -23,18 +23,22 @@ def _print_results(results: list[dict], threshold) -> None:
             click.echo(f"  already indexed (row {result['already_indexed']}): the verdict is about its other captures")
         if threshold is not None:
             match = result["match"]
-            verdict = (
-                f"DUPLICATE of receipt {printable(match['receipt_id'])} ({_score_name(match)} "
-                f"{_score_of(match):.3f} >= {threshold:g})"
-                if match
-                else f"no duplicate (best {_score_name(result['neighbours'][0] if result['neighbours'] else {})} "
-                f"below {threshold:g})"
-            )
+            source = "" if threshold_kind in (None, "given") else f", the calibrated {threshold_kind} threshold"
+            if result["duplicate"] is None:
+                verdict = "no verdict: every verifier abstained on every other capture (no evidence either way)"
+            elif match:
+                verdict = (
+                    f"DUPLICATE of receipt {printable(match['receipt_id'])} ({_score_name(match)} "
+                    f"{_score_of(match):.3f} >= {threshold:g}{source})"
+                )
+            else:
+                best = result["neighbours"][0] if result["neighbours"] else {}
+                verdict = f"no duplicate (best {_score_name(best)} below {threshold:g}{source})"
             click.echo(f"  {verdict}")
         for rank, hit in enumerate(result["neighbours"], start=1):
             same = "  [same file]" if hit["same_file"] else ""
             values = "  ".join(printable(hit[key]) for key in ("receipt_id", "device", "path"))
-            verified = f"verified {hit['verified']['score']:.3f}  " if "verified" in hit else ""
+            verified = f"verified {_verified_text(hit['verified']['score'])}  " if "verified" in hit else ""
             click.echo(f"  {rank:>2}. {verified}{hit['similarity']:.3f}  {values}{same}")
             if "verified" in hit:
                 click.echo(f"      {_verifier_figures(hit['verified'])}")
@@ -46,9 +50,15 @@ def _verifier_figures(verified: dict) -> str:
     for name, figures in verified.items():
         if name == "score":
             continue
-        extras = ", ".join(f"{printable(key)} {_figure(value)}" for key, value in figures.items() if key != "score")
-        parts.append(f"{printable(name)} {figures['score']:.3f}" + (f" ({extras})" if extras else ""))
+        shown = {key: value for key, value in figures.items() if key not in ("score", "abstain")}
+        extras = ", ".join(f"{printable(key)} {_figure(value)}" for key, value in shown.items())
+        score = "abstained" if figures.get("abstain") else f"{figures['score']:.3f}"
+        parts.append(f"{printable(name)} {score}" + (f" ({extras})" if extras else ""))
     return "; ".join(parts)
+
+
+def _verified_text(score) -> str:
+    return "  -  " if score is None else f"{score:.3f}"
 
 
 def _figure(value) -> str:
@@ -201,7 +211,10 @@ def search(
         if images:
             raise InputError("--all-pairs compares the indexed items with each other; give no IMAGE arguments")
         if not thresholds or out_file is None:
-            raise InputError("--all-pairs needs --threshold T and --out pairs.csv")
+            raise InputError(
+                "--all-pairs needs --threshold T (or --threshold auto, the one `receipt-embed calibrate` "
+                "stored) and --out pairs.csv"
+            )
         if as_json and out_file == "-":
             raise InputError("--all-pairs --json prints the summary to standard output: give --out a file")
         refused = given - {"verify", "verifier_names", "shortlist", "as_json"}
@@ -232,21 +245,30 @@ def search(
             raise InputError("--field goes with --verify (the fields verifier compares it)")
         if fields and len(images) > 1:
             raise InputError(f"--field describes one query image; {len(images)} were given: search them one at a time")
+    negative = [t for t in thresholds if t != "auto" and t < 0]
+    if verify and negative:
+        raise InputError(
+            f"--threshold {negative[0]:g} with --verify: verified scores are 0 to 1, so it would flag every pair"
+        )
     query_fields = _parsed_fields(fields)
     try:
         if all_pairs:
             check_pairs_out(out_file, index_dir, force)
         loaded_index = load_index_dir(index_dir)
-        resolved = [
-            _resolved_threshold(
-                loaded_index,
-                threshold,
-                search_kind(verify, all_pairs or bool(query_fields), loaded_index.meta.get("calibration")),
-                images_query=not all_pairs,
-                verifiers=list(verifier_names),
+        if query_fields:  # refused before any threshold is read: a field no verifier compares
+            from receipt_embed.indexing.verification import check_query_fields, verifiers_of
+
+            check_query_fields(verifiers_of(loaded_index, list(verifier_names), load_registry(ctx)), query_fields)
+        kind = search_kind(verify, all_pairs or bool(query_fields), loaded_index.meta.get("calibration"))
+        calibrated = _uses_calibration(loaded_index, thresholds, kind, images_query=not all_pairs)
+        resolved = list(
+            dict.fromkeys(  # a threshold given twice (or auto and its value) is reported once
+                _resolved_threshold(
+                    loaded_index, threshold, kind, images_query=not all_pairs, verifiers=list(verifier_names)
+                )
+                for threshold in (thresholds or (None,))
             )
-            for threshold in (thresholds or (None,))
-        ]
+        )
         if all_pairs:
             registry = load_registry(ctx) if verify else None
             summary = _all_pairs(
@@ -277,6 +299,9 @@ def search(
             shortlist=shortlist,
             fields=query_fields,
         )
+        if threshold is not None:  # which threshold judged: calibrate's (and for which score) or the user's
+            for result in results:
+                result["threshold_kind"] = kind if calibrated else "given"
     except BrokenPipeError:
         raise  # a closed pipe (`| head`): click ends the command quietly
     except (IndexDirError, CheckpointError, ComponentError, OSError, BadInput) as exc:
@@ -284,7 +309,7 @@ def search(
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
-        _print_results(results, threshold)
+        _print_results(results, threshold, results[0].get("threshold_kind") if results else None)
 
 
 def _parsed_fields(given) -> dict:
@@ -299,6 +324,12 @@ def _parsed_fields(given) -> dict:
             raise InputError(f"--field {printable(key)} is given twice")
         fields[key] = value.strip()
     return fields
+
+
+def _uses_calibration(index, thresholds, kind: str, images_query: bool) -> bool:
+    """Whether the verdict's threshold is the calibrated one (auto, given or by default)."""
+    stored = ((index.meta.get("calibration") or {}).get(kind) or {}).get("threshold")
+    return "auto" in thresholds or (not thresholds and images_query and stored is not None)
 
 
 def _resolved_threshold(index, threshold, kind: str, images_query: bool, verifiers=()):
@@ -401,7 +432,8 @@ def _all_pairs(
         checks = verifiers_of(index_dir, verify, registry)
         a, b, sims = pairs.shortlist_pairs(index_dir.embeddings, shortlist, min_similarity)
         verified = pairs.verify_pairs(checks, registry, a, b, progress=not quiet and sys.stderr.isatty())
-        keep = verified["score"] >= min(thresholds) - pairs.SIMILARITY_TOLERANCE
+        no_evidence = int(np.count_nonzero(np.isnan(verified["score"])))
+        keep = verified["score"] >= min(thresholds) - pairs.SIMILARITY_TOLERANCE  # NaN: never kept
         order = np.flatnonzero(keep)[np.lexsort((b[keep], a[keep], -sims[keep], -verified["score"][keep]))]
         candidates = len(a)
         a, b, sims = a[order], b[order], sims[order]
@@ -441,6 +473,7 @@ def _all_pairs(
                 "shortlist": shortlist,
                 "min_similarity": min_similarity,
                 "candidates_verified": candidates,
+                "no_evidence": no_evidence,
             }
         ),
         "seconds": round(time.monotonic() - started, 3),
@@ -469,6 +502,11 @@ def _summary_lines(summary: dict) -> list[str]:
             f"verified {summary['candidates_verified']} candidate pairs (each item's {summary['shortlist']} nearest"
             f"{cut}) with {', '.join(summary['verifiers'])} in {summary['seconds']:.1f} s"
         )
+        if summary["no_evidence"]:
+            lines.append(
+                f"  {summary['no_evidence']} of them have no verified score: every verifier abstained "
+                "(no field in common), so they are never flagged"
+            )
     for row in summary["thresholds"]:
         line = (
             f"  {summary['score']} >= {row['threshold']:g}: {row['pairs']} pairs, {row['same_receipt']} same receipt, "

@@ -75,7 +75,10 @@ def kind_checks(index_dir: IndexDir, registry) -> dict:
 
 
 def pr_curve(scores: np.ndarray, right: np.ndarray, positives: int) -> list[dict]:
-    """Precision and recall when flagging every query whose score is >= each distinct score."""
+    """Precision and recall when flagging every query whose score is >= each distinct score; a
+    query without a score (-inf: every verifier abstained on its shortlist) is never flagged."""
+    finite = np.isfinite(scores)
+    scores, right = scores[finite], right[finite]
     order = np.argsort(-scores, kind="stable")
     ordered, hits = scores[order], right[order].astype(np.int64)
     true, flagged = np.cumsum(hits), np.arange(1, len(hits) + 1)
@@ -187,6 +190,47 @@ def few_flags(record: dict, target: float) -> list[str]:
                 f"{target:g} can show one false alarm in {needed}: calibrate on more labelled captures"
             )
     return warnings
+
+
+def calibration_warnings(record: dict, target: float) -> list[str]:
+    """What a reviewer should know before trusting the stored thresholds: too few flags to show the
+    target (:func:`few_flags`), a single receipt (no capture can be a false alarm, so precision is
+    1 whatever the threshold), and a target of 1 (no false alarm among these captures is not none
+    among the next)."""
+    warnings = []
+    if record.get("receipts") == 1:
+        warnings.append(
+            "every capture is of one receipt, so no flag can be a false alarm and precision is 1 at any "
+            "threshold: these thresholds say nothing; calibrate on captures of many receipts"
+        )
+    elif target >= 1:
+        warnings.append(
+            "--target-precision 1 picks the lowest threshold with no false alarm among these captures; the "
+            "next capture may be one: a target such as 0.99 on enough captures says what to expect"
+        )
+    return warnings + few_flags(record, target)
+
+
+# the searches each calibrated score judges, for calibrate to say which threshold a search will use
+SEARCHES = {
+    "embedding": "search IMAGE (without --verify) and --all-pairs: the embedding threshold",
+    "verified": "search IMAGE --verify --field KEY=VALUE, and --all-pairs --verify: the verified threshold",
+    "verified_image": "search IMAGE --verify (a bare image): the verified_image threshold",
+}
+
+
+def searches_using(record: dict) -> list[str]:
+    """One line per stored threshold that auto can use, naming the searches it judges; an index
+    without a ``verified_image`` record judges a bare image's verified search on ``verified``."""
+    lines = []
+    for kind in KINDS:
+        if (record.get(kind) or {}).get("threshold") is None:
+            continue
+        line = SEARCHES[kind]
+        if kind == "verified" and "verified_image" not in record:
+            line = "search IMAGE --verify, and --all-pairs --verify: the verified threshold"
+        lines.append(f"{line} {record[kind]['threshold']:.4f}")
+    return lines
 
 
 def search_kind(verify: bool, with_fields: bool, calibration: dict | None) -> str:

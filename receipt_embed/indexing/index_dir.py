@@ -173,17 +173,30 @@ def _write_index_files(
     return meta
 
 
-def write_calibration(path: str | Path, record: dict) -> dict:
+def write_calibration(path: str | Path, record: dict, calibrated: dict | None = None) -> dict:
     """Store ``record`` as index.json's ``calibration``, under the dir's writer lock and atomically
-    (the other files, and so their checksums, are untouched); returns the index.json written."""
+    (the other files, and so their checksums, are untouched); returns the index.json written.
+    ``calibrated``: the index.json the record was computed from; if the dir now holds another index
+    (``index --force`` swapped one in meanwhile), nothing is written: its thresholds would be another
+    index's."""
     from receipt_embed.locking import write_lock
 
     path = Path(path)
     with write_lock(path):
         meta = read_meta(path)
+        if calibrated is not None and _identity(meta) != _identity(calibrated):
+            raise IndexDirError(
+                f"{path} was replaced while it was being calibrated (its index.json changed): nothing was "
+                "written; run `receipt-embed calibrate` again"
+            )
         meta["calibration"] = record
         atomic_write_json(path / META_FILE, meta)
     return meta
+
+
+def _identity(meta: dict) -> dict:
+    """index.json without its calibration: what says which index a dir holds."""
+    return {key: value for key, value in meta.items() if key != "calibration"}
 
 
 def read_meta(path: str | Path) -> dict:

@@ -129,7 +129,9 @@ def shortlist_pairs(
 
 def verify_pairs(checks: dict, registry, a: np.ndarray, b: np.ndarray, progress: bool = False) -> dict:
     """Each pair's verified score (``"score"``) and each verifier's score (by name), from the
-    stored data of both items (``checks``: :func:`receipt_embed.indexing.verification.verifiers_of`)."""
+    stored data of both items (``checks``: :func:`receipt_embed.indexing.verification.verifiers_of`);
+    NaN where a verifier abstained, and a verified score of NaN where every one did (no evidence:
+    never at or above a threshold)."""
     from tqdm import tqdm
 
     from receipt_embed.indexing.verification import score_figures, verified_score
@@ -143,9 +145,10 @@ def verify_pairs(checks: dict, registry, a: np.ndarray, b: np.ndarray, progress:
             for name, (verifier, data) in checks.items():
                 with plugin_errors(registry, "verifier", name, f"scoring rows {i} and {j}"):
                     result = score_figures(name, verifier.score(data.item(i), data.item(j)))
-                scores[name][n] = result["score"]
+                scores[name][n] = np.nan if result.get("abstain") else result["score"]
                 figures.append(result)
-            fused[n] = verified_score(figures)
+            score = verified_score(figures)
+            fused[n] = np.nan if score is None else score
             bar.update()
     return {"score": fused, **scores}
 
@@ -245,11 +248,15 @@ def _pair_rows(items, a, b, sims, verified, extras):
             x.get("path", ""),
             y.get("path", ""),
         ]
-        if verified is not None:
-            row += [f"{float(verified['score'][n]):.6f}", *(f"{float(verified[name][n]):.6f}" for name in names)]
+        if verified is not None:  # blank: the verifier abstained (no evidence either way)
+            row += [_score_text(verified["score"][n]), *(_score_text(verified[name][n]) for name in names)]
         for extra in extras:
             row += [_text(x.get(extra)), _text(y.get(extra))]
         yield tuple(row)
+
+
+def _score_text(value) -> str:
+    return "" if np.isnan(value) else f"{float(value):.6f}"
 
 
 def _text(value) -> str:

@@ -128,12 +128,15 @@ def search_images(
     ``verify`` (verifier names; ``[]``: every verifier the index stores) re-ranks the embedding's
     top ``shortlist`` by the verified score, the mean of the verifiers' scores (each in [0, 1]),
     and gives each neighbour ``verified`` (that score and each verifier's figures); the verdict
-    is then on the verified score. ``fields``: the query's printed fields (one query), which a
+    is then on the verified score, and ``duplicate`` is None (no verdict) when every verifier
+    abstained on every other capture. ``fields``: the query's printed fields (one query), which a
     verifier of manifest rows compares with the indexed captures' columns."""
     from receipt_embed.embedding import embed_paths, load_model
-    from receipt_embed.indexing.verification import check_pairs, verifiers_of
+    from receipt_embed.indexing.verification import check_pairs, check_query_fields, verifiers_of
 
     checks = None if verify is None else verifiers_of(index_dir, verify, registry)
+    if checks is not None:
+        check_query_fields(checks, fields)
     loaded = load_model(resolve_checkpoint(index_dir, checkpoint), registry)
     limits = query_limits(loaded.config.ingest, max_pixels, max_bytes)
     digests = check_queries(images, *limits)
@@ -172,10 +175,11 @@ def search_images(
         }
         if threshold is not None:  # the verdict is about the other captures, never the query's own file
             score = (lambda hit: hit["similarity"]) if checks is None else (lambda hit: hit["verified"]["score"])
-            others = [hit for hit in hits if not hit["same_file"]]
+            others = [hit for hit in hits if not hit["same_file"] and score(hit) is not None]
             best = others[0] if others else None
             match = best if best and float(score(best)) >= threshold - SIMILARITY_TOLERANCE else None
-            result["duplicate"] = match is not None
+            # no verdict (None) when no other capture got a score: every verifier abstained on each
+            result["duplicate"] = (match is not None) if others or checks is None else None
             result["match"] = match
             result["threshold"] = float(threshold)  # what the verdict was judged against, and on which score
             result["score"] = "similarity" if checks is None else "verified"

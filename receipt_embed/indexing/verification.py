@@ -3,8 +3,10 @@
 A verifier is built with the parameters recorded in ``index.json`` (the gallery's data was
 extracted with them: a query extracted otherwise would not compare), runs ``extract`` on the
 query once, and ``score`` against each shortlisted item's stored data. The verified score is the
-mean of the verifiers' scores (each in [0, 1]); the shortlist is re-ranked by it, ties kept in
-embedding order.
+mean of the verifiers' scores (each in [0, 1]) that had evidence; the shortlist is re-ranked by it,
+ties kept in embedding order. A pair on which every verifier abstained (the fields verifier when the
+two captures share no field, and no other verifier selected) has no verified score: it ranks after
+the scored ones and is never judged a duplicate.
 """
 
 from __future__ import annotations
@@ -36,6 +38,36 @@ def verifiers_of(index_dir: IndexDir, names: list[str], registry) -> dict:
     }
 
 
+def check_query_fields(checks: dict, fields: dict | None) -> None:
+    """A query's printed fields (``search --field``) must each be compared by a selected verifier
+    of manifest rows (``needs_image`` false; its ``fields`` attribute, when it has one, lists the
+    columns it reads), else the field would be dropped silently and the verdict judged on a
+    threshold calibrated for fields that were never compared."""
+    from receipt_embed.errors import BadInput
+
+    if not fields:
+        return
+    readers = {
+        name: verifier for name, (verifier, _) in checks.items() if getattr(verifier, "needs_image", True) is False
+    }
+    if not readers:
+        raise BadInput(
+            f"--field {next(iter(fields))}: no selected verifier compares printed fields (this search uses "
+            f"{', '.join(checks)}, which read the image): add `--verifier fields`, or drop --field"
+        )
+    columns = {name: getattr(verifier, "fields", None) for name, verifier in readers.items()}
+    if any(read is None for read in columns.values()):
+        return  # a verifier of rows that does not say which columns it reads may read any
+    read = {column for names in columns.values() for column in names}
+    unread = [key for key in fields if key not in read]
+    if unread:
+        compared = "; ".join(f"{name} compares {', '.join(names)}" for name, names in columns.items())
+        raise BadInput(
+            f"--field {', '.join(unread)}: no selected verifier compares {'it' if len(unread) == 1 else 'them'} "
+            f"({compared}): give those keys, or index with --verify-set fields.fields=[...]"
+        )
+
+
 def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limits, fields=None) -> list[dict]:
     """``hits`` (embedding neighbours of one query) with ``verified`` figures, best verified first;
     ``fields``: the query's own manifest-like row (its printed date, total...), if known."""
@@ -62,9 +94,14 @@ def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limit
                 result = verifier.score(queries[name], data.item(hit["row"]))
             figures[name] = score_figures(name, result)
         fused = verified_score(figures.values())
-        checked.append({**hit, "verified": {"score": round(fused, 6), **figures}})
-    order = sorted(range(len(checked)), key=lambda i: (-checked[i]["verified"]["score"], i))
-    return [checked[i] for i in order]
+        checked.append({**hit, "verified": {"score": None if fused is None else round(fused, 6), **figures}})
+    return [checked[i] for i in sorted(range(len(checked)), key=lambda i: _rank_key(checked[i], i))]
+
+
+def _rank_key(hit: dict, position: int):
+    """Best verified score first; pairs without one (every verifier abstained) after, in embedding order."""
+    score = hit["verified"]["score"]
+    return (score is None, -(score or 0.0), position)
 
 
 def shortlist_scores(index_dir: IndexDir, checks: dict, shortlist: int, registry=None, progress: bool = False):
@@ -104,35 +141,45 @@ def shortlist_scores(index_dir: IndexDir, checks: dict, shortlist: int, registry
 
 def fused(rows: np.ndarray, per: dict, names) -> np.ndarray:
     """The verified score (:func:`verified_score`) of the verifiers ``names`` for each shortlisted
-    pair of :func:`shortlist_scores`; -inf where a shortlist slot is empty."""
+    pair of :func:`shortlist_scores`; -inf where a shortlist slot is empty or every verifier
+    abstained (no evidence: ranked last, never flagged)."""
     total, counted = np.zeros(rows.shape), np.zeros(rows.shape)
     for name in names:
         scores, abstained = per[name]
         total += np.where(abstained, 0.0, scores)
         counted += ~abstained
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(counted > 0, total / np.maximum(counted, 1), 0.5)
+        out = np.where(counted > 0, total / np.maximum(counted, 1), -np.inf)
     return np.where(rows >= 0, out, -np.inf)
 
 
-def verified_score(results) -> float:
+def verified_score(results) -> float | None:
     """The mean score of the verifiers that had evidence: a result with ``abstain`` true (the fields
-    verifier when the two captures share no field) is left out; 0.5 when every one abstains."""
+    verifier when the two captures share no field) is left out; None when every one abstains."""
     scores = [float(result["score"]) for result in results if not result.get("abstain")]
-    return float(np.mean(scores)) if scores else 0.5
+    return float(np.mean(scores)) if scores else None
 
 
 def score_figures(name: str, result) -> dict:
-    """A verifier's result, checked: a dict whose ``score`` is a number in [0, 1]."""
-    import math
-
+    """A verifier's result, checked: a dict whose ``score`` is a number in [0, 1] (a Python or
+    numpy int or float) and whose ``abstain``, when given, is true or false."""
     from receipt_embed.errors import BadInput
 
     value = result.get("score") if isinstance(result, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 <= float(value) <= 1:
-        raise BadInput(f"verifier {quoted(name)} returned a score of {value!r}: it must be a number in [0, 1]")
-    if math.isnan(float(value)):
-        raise BadInput(f"verifier {quoted(name)} returned a score of nan")
+    number = None
+    if not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating)):
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            number = None
+    if number is None or not 0 <= number <= 1:  # nan fails the range too
+        shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:57]}..."
+        raise BadInput(f"verifier {quoted(name)} returned a score of {shown}: it must be a number in [0, 1]")
+    if "abstain" in result and not isinstance(result["abstain"], (bool, np.bool_)):
+        raise BadInput(
+            f"verifier {quoted(name)} returned abstain={result['abstain']!r}: it must be true or false "
+            "(true: no evidence either way, so the verified score leaves this verifier out)"
+        )
     import json
 
     from receipt_embed.fileio import json_safe
@@ -142,4 +189,4 @@ def score_figures(name: str, result) -> dict:
         json.dumps(figures)
     except (TypeError, ValueError) as exc:
         raise BadInput(f"verifier {quoted(name)} returned figures that are not JSON-ready: {exc}") from None
-    return {"score": round(float(value), 6), **figures}
+    return {"score": round(number, 6), **figures}

@@ -32,6 +32,8 @@ from receipt_embed.samples import (
 )
 from receipt_embed.samples.capture import _frame
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def read_manifest(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     with path.open(newline="", encoding="utf-8") as handle:
@@ -193,6 +195,18 @@ def test_printed_dates_read_as_dates_except_month_first_ones_past_the_twelfth():
             assert read == ("" if day.day > 12 else f"{day.year:04d}-{day.day:02d}-{day.month:02d}")
         else:
             assert read == day.strftime("%Y-%m-%d"), receipt.shop.name
+
+
+def test_bundled_samples_manifest_lists_what_their_receipts_print():
+    """data_samples/ is make-samples --receipts 60 --devices 3 --seed 0: its manifest's rows are
+    the ones that set's receipts give (checked without rendering, for any Pillow version)."""
+    columns, rows = read_manifest(REPO / "data_samples" / "manifest.csv")
+    assert columns == list(RENDERED_COLUMNS)
+    assert len(rows) == 60 * 3
+    for row in rows:
+        receipt = make_receipt(0, int(row["receipt_id"][1:]))
+        assert row["merchant"] == receipt.shop.name
+        assert {column: row[column] for column in PRINTED_FIELDS} == printed_fields(receipt)
 
 
 def test_images_decode_and_are_portrait(sample_set):

@@ -17,17 +17,22 @@ from receipt_embed.cli import main
 from receipt_embed.samples import (
     DEVICES,
     MANIFEST_COLUMNS,
+    PRINTED_FIELDS,
+    RENDERED_COLUMNS,
     SHOPS,
     capture_jpeg,
     capture_scans,
     find_scans,
     make_receipt,
     make_samples,
+    printed_fields,
     render_receipt,
     select_devices,
     simulate_capture,
 )
 from receipt_embed.samples.capture import _frame
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def read_manifest(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -97,7 +102,7 @@ def test_capture_randomness_follows_the_seed():
 
 def test_manifest_lists_one_capture_per_receipt_and_device(sample_set):
     columns, rows = read_manifest(sample_set / "manifest.csv")
-    assert columns == list(MANIFEST_COLUMNS)
+    assert columns == list(RENDERED_COLUMNS) == [*MANIFEST_COLUMNS, "date", "total", "receipt_number"]
     assert len(rows) == 8 * 3
     devices = [d.name for d in select_devices(3)]
     by_receipt = defaultdict(list)
@@ -109,7 +114,99 @@ def test_manifest_lists_one_capture_per_receipt_and_device(sample_set):
     for captures in by_receipt.values():
         assert sorted(row["device"] for row in captures) == sorted(devices)
         assert len({row["merchant"] for row in captures}) == 1
+        for column in PRINTED_FIELDS:  # one paper receipt: its captures carry the same printed fields
+            assert len({row[column] for row in captures}) == 1 and captures[0][column], column
     assert {row["merchant"] for row in rows} == {shop.name for shop in SHOPS}
+
+
+def _drawn_strings(receipt, monkeypatch) -> list[str]:
+    """Every string render_receipt draws on the paper, in order."""
+    from PIL import ImageDraw
+
+    drawn, draw_text = [], ImageDraw.ImageDraw.text
+
+    def recording(self, xy, text, *args, **kwargs):
+        drawn.append(text)
+        return draw_text(self, xy, text, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ImageDraw.ImageDraw, "text", recording)
+        render_receipt(receipt)
+    return drawn
+
+
+def test_manifest_fields_are_what_each_receipt_prints(sample_set, monkeypatch):
+    """date, total and receipt_number are the strings drawn on the paper: the date the start of
+    the date-and-time line, the total the amount beside TOTAL, the number its line."""
+    _, rows = read_manifest(sample_set / "manifest.csv")
+    for row in rows[::3]:  # one capture of each receipt (the others carry the same, tested above)
+        receipt = make_receipt(0, int(row["receipt_id"][1:]))
+        drawn = _drawn_strings(receipt, monkeypatch)
+        dated = [text for text in drawn if text.startswith(row["date"])]
+        assert len(dated) == 1 and len(dated[0]) > len(row["date"])  # the time of day follows on its line
+        assert dated[0] == receipt.issued.strftime(receipt.shop.date_format)
+        assert drawn[drawn.index("TOTAL") + 1] == row["total"]
+        assert row["total"].endswith(f"{receipt.total_cents // 100}.{receipt.total_cents % 100:02d}")
+        assert row["receipt_number"] in drawn and receipt.number.startswith(row["receipt_number"])
+        assert drawn.index(dated[0]) + 1 == drawn.index(row["receipt_number"])  # the line below the date
+
+
+def test_the_fields_verifier_tells_same_shop_receipts_apart_on_the_manifest(tmp_path):
+    """Captures of one receipt agree on every printed field; two receipts of one shop, which share
+    the merchant, differ on the date, total or receipt number (so the verifier scores them 0)."""
+    from receipt_embed.verification.fields import DEFAULT_FIELDS, FieldsVerifier
+
+    make_samples(tmp_path, receipts=2 * len(SHOPS), devices=2, seed=0)
+    _, rows = read_manifest(tmp_path / "manifest.csv")
+    verifier = FieldsVerifier()
+    notes = verifier.check_rows(rows)  # the month-first shop's dates past the 12th do not read as dates
+    assert not any("never compared" in note for note in notes), notes
+    assert all(row["total"] and row["receipt_number"] for row in rows)
+    values = {row["path"]: verifier.extract(None, row) for row in rows}
+    by_receipt = defaultdict(list)
+    for row in rows:
+        by_receipt[row["receipt_id"]].append(row["path"])
+    for first, second in by_receipt.values():
+        judged = verifier.score(values[first], values[second])
+        assert judged["score"] == 1.0 and not judged["differ"]
+        assert {"total", "receipt_number", "merchant"} <= set(judged["agree"]) <= set(DEFAULT_FIELDS)
+    merchants = {row["receipt_id"]: row["merchant"] for row in rows}
+    receipts = sorted(by_receipt)
+    siblings = [(a, b) for i, a in enumerate(receipts) for b in receipts[i + 1 :] if merchants[a] == merchants[b]]
+    assert len(siblings) == len(SHOPS)
+    for a, b in siblings:
+        judged = verifier.score(values[by_receipt[a][0]], values[by_receipt[b][0]])
+        assert judged["score"] == 0.0 and "merchant" in judged["agree"]
+        assert {"total", "receipt_number"} & set(judged["differ"])
+
+
+def test_printed_dates_read_as_dates_except_month_first_ones_past_the_twelfth():
+    """Every shop's printed date reads as the receipt's day under the fields verifier's default
+    day-first reading, but for the month-first shop, whose dates past the 12th read as none (so
+    they are not compared) and whose others read with day and month swapped, the same for every
+    capture of the receipt."""
+    from receipt_embed.verification.fields import normalise_date
+
+    for index in range(6 * len(SHOPS)):
+        receipt = make_receipt(1, index)
+        read = normalise_date(printed_fields(receipt)["date"])
+        day = receipt.issued
+        if receipt.shop.date_format.startswith("%m/%d"):
+            assert read == ("" if day.day > 12 else f"{day.year:04d}-{day.day:02d}-{day.month:02d}")
+        else:
+            assert read == day.strftime("%Y-%m-%d"), receipt.shop.name
+
+
+def test_bundled_samples_manifest_lists_what_their_receipts_print():
+    """data_samples/ is make-samples --receipts 60 --devices 3 --seed 0: its manifest's rows are
+    the ones that set's receipts give (checked without rendering, for any Pillow version)."""
+    columns, rows = read_manifest(REPO / "data_samples" / "manifest.csv")
+    assert columns == list(RENDERED_COLUMNS)
+    assert len(rows) == 60 * 3
+    for row in rows:
+        receipt = make_receipt(0, int(row["receipt_id"][1:]))
+        assert row["merchant"] == receipt.shop.name
+        assert {column: row[column] for column in PRINTED_FIELDS} == printed_fields(receipt)
 
 
 def test_images_decode_and_are_portrait(sample_set):

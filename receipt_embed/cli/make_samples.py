@@ -52,7 +52,8 @@ MAX_RECEIPTS = 100_000  # about three hours of rendering per device on two cores
     "scans_dir",
     type=ExistingPath(file_okay=False, path_type=Path),
     default=None,
-    help="Capture the receipt scans in this folder instead of rendering receipts.",
+    help="Capture the receipt scans in this folder instead of rendering receipts (their manifest carries "
+    "date, total, ... only where receipts.jsonl lists them).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--force", is_flag=True, help="Replace a samples dir that make-samples wrote before.")
@@ -68,6 +69,11 @@ def make_samples(
     force: bool,
 ) -> None:
     """Render synthetic receipts captured by simulated devices, with a manifest.csv.
+
+    The manifest's columns: path, receipt_id, device, merchant, and for rendered receipts the
+    date, total and receipt_number each prints, as printed (what the fields verifier
+    compares). With --from-scans, the scans' receipts.jsonl metadata (company as merchant,
+    date, total, ...) as listed: nothing is read off the scans themselves.
 
     OUT is written whole (staged beside, then swapped in) under a writer lock; an existing
     OUT is replaced only with --force and only if make-samples wrote it (its samples.json)."""

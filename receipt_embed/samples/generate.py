@@ -2,7 +2,9 @@
 
 A set is ``out_dir/images/<receipt_id>_<device>.jpg`` (every receipt captured once by
 each device) plus ``out_dir/manifest.csv`` with the columns :data:`MANIFEST_COLUMNS`,
-paths relative to ``out_dir``. The receipts are either rendered (:func:`make_samples`) or
+paths relative to ``out_dir``; rendered receipts add :data:`RENDERED_COLUMNS`' printed
+``date``, ``total`` and ``receipt_number`` (the fields verifier's columns), scans the
+metadata their listing gives. The receipts are either rendered (:func:`make_samples`) or
 existing scans (:func:`capture_scans`). Each capture's seed comes from the set's seed and
 the receipt and device *names*, so a set with more receipts or devices contains the
 captures of a smaller one unchanged, and one seed always gives the same bytes.
@@ -26,10 +28,11 @@ from receipt_embed.images import DEFAULT_MAX_PIXELS, HIGH_DEPTH_MODES, SUPPORTED
 from receipt_embed.samples.capture import capture_jpeg
 from receipt_embed.samples.devices import DeviceProfile, select_devices
 from receipt_embed.samples.receipts import make_receipt
-from receipt_embed.samples.render import render_receipt
+from receipt_embed.samples.render import PRINTED_FIELDS, printed_fields, render_receipt
 from receipt_embed.samples.scans import Scan, checked_scan_bytes, read_scans, scans_of_paths
 
 MANIFEST_COLUMNS = ("path", "receipt_id", "device", "merchant")
+RENDERED_COLUMNS = (*MANIFEST_COLUMNS, *PRINTED_FIELDS)  # a rendered set's: plus the printed fields
 
 Progress = Callable[[int], object]
 
@@ -45,7 +48,10 @@ def make_samples(
 ) -> Path:
     """Render ``receipts`` synthetic receipts, capture each with the first ``devices`` profiles.
 
-    ``progress`` is called with 1 after each capture written. Returns the manifest path.
+    The manifest has :data:`RENDERED_COLUMNS`: the shop's name as ``merchant`` and the
+    ``date``, ``total`` and ``receipt_number`` each receipt prints, as printed
+    (:func:`~receipt_embed.samples.render.printed_fields`). ``progress`` is called with 1 after
+    each capture written. Returns the manifest path.
     """
     if receipts < 1:
         raise BadInput(f"receipts must be at least 1, got {receipts}")
@@ -54,7 +60,8 @@ def make_samples(
     def sources() -> Iterator[tuple[str, str, dict, Image.Image]]:
         for index in range(receipts):
             receipt = make_receipt(seed, index)
-            yield receipt.receipt_id, receipt.receipt_id, {"merchant": receipt.shop.name}, render_receipt(receipt)
+            metadata = {"merchant": receipt.shop.name, **printed_fields(receipt)}
+            yield receipt.receipt_id, receipt.receipt_id, metadata, render_receipt(receipt)
 
     return _write_set(Path(out_dir), sources(), profiles, seed, progress)
 
@@ -70,7 +77,9 @@ def capture_scans(
 
     ``scans`` come from :func:`~receipt_embed.samples.scans.read_scans` (with their metadata and
     one receipt id per set of byte-identical files), or are file paths (each stem an id, names
-    unique). Returns the manifest path.
+    unique). The manifest has :data:`MANIFEST_COLUMNS` (``merchant`` empty unless listed), then
+    the listing's metadata as given (``date``, ``total``, ...): nothing is read off a scan, so a
+    scan without listed fields has no date, total or receipt number column. Returns the manifest path.
     """
     scans = list(scans)
     if not scans:

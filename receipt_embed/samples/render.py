@@ -9,6 +9,7 @@ font files and gives the same pixels wherever the same Pillow version runs.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from PIL import Image, ImageDraw, ImageFont
@@ -17,11 +18,51 @@ from receipt_embed.samples.receipts import Receipt, format_money
 
 _STRIP_HEIGHT = 3000  # longer than any receipt; cropped to the printed length
 _LINE_SPACING = 1.3
+PRINTED_FIELDS = ("date", "total", "receipt_number")  # what printed_fields() returns, in this order
+# where a shop's date format turns to the time of day: "%d/%m/%Y %H:%M" prints the date "%d/%m/%Y"
+_TIME_PART = re.compile(r"\s*%[HIMSpX].*$")
 
 
 @cache
 def _font(size: int) -> ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=size)
+
+
+def _fit(text: str, size: int, room: float) -> str:
+    """Shorten ``text`` until it fits in ``room`` pixels, as printers truncate names."""
+    font = _font(size)
+    while text and font.getlength(text) > room:
+        text = text[:-1]
+    return text
+
+
+def _margin(width: int) -> int:
+    return width // 16
+
+
+def _date_line(receipt: Receipt) -> str:
+    return receipt.issued.strftime(receipt.shop.date_format)
+
+
+def _total_text(receipt: Receipt) -> str:
+    return f"{receipt.shop.currency} {format_money(receipt.total_cents)}"
+
+
+def printed_fields(receipt: Receipt) -> dict[str, str]:
+    """The ``date``, ``total`` and ``receipt_number`` exactly as :func:`render_receipt` prints them:
+    the date as the shop's format prints it, without the time of day that follows it on the same
+    line (``05/25/2023`` of ``05/25/2023 02:14 PM``; ``""`` if the line were cut short before the date's
+    end); the total's amount with its currency (``GBP 12.34``); the receipt number line as printed
+    (``Order #01234  Till 05``), cut where the paper's width cuts it."""
+    shop = receipt.shop
+    room = shop.paper_width - 2 * _margin(shop.paper_width)
+    line = _fit(_date_line(receipt), shop.body_size, room)
+    date = receipt.issued.strftime(_TIME_PART.sub("", shop.date_format))
+    return {
+        "date": date if line.startswith(date) else "",
+        "total": _total_text(receipt),
+        "receipt_number": _fit(receipt.number, shop.body_size, room),
+    }
 
 
 class _Printer:
@@ -32,24 +73,17 @@ class _Printer:
         self.draw = ImageDraw.Draw(self.image)
         self.paper = paper_rgb
         self.ink = (ink, ink, ink)
-        self.margin = width // 16
+        self.margin = _margin(width)
         self.left = self.margin
         self.right = width - self.margin
         self.y = self.margin
-
-    def _fit(self, text: str, size: int, room: float) -> str:
-        """Shorten ``text`` until it fits in ``room`` pixels, as printers truncate names."""
-        font = _font(size)
-        while text and font.getlength(text) > room:
-            text = text[:-1]
-        return text
 
     def _x(self, align: str) -> tuple[float, str]:
         return {"left": (self.left, "la"), "center": ((self.left + self.right) / 2, "ma")}[align]
 
     def text(self, text: str, size: int, align: str = "left", bold: bool = False) -> None:
         x, anchor = self._x(align)
-        text = self._fit(text, size, self.right - self.left)
+        text = _fit(text, size, self.right - self.left)
         self.draw.text((x, self.y), text, font=_font(size), fill=self.ink, anchor=anchor, stroke_width=int(bold))
         self.y += round(size * _LINE_SPACING)
 
@@ -59,7 +93,7 @@ class _Printer:
         room = self.right - self.left - indent - font.getlength(right) - size
         self.draw.text(
             (self.left + indent, self.y),
-            self._fit(left, size, room),
+            _fit(left, size, room),
             font=font,
             fill=self.ink,
             anchor="la",
@@ -74,7 +108,7 @@ class _Printer:
         font = _font(size)
         room = self.right - self.left - name_x - font.getlength(amount) - size
         self.draw.text((self.left, self.y), qty, font=font, fill=self.ink, anchor="la")
-        self.draw.text((self.left + name_x, self.y), self._fit(name, size, room), font=font, fill=self.ink, anchor="la")
+        self.draw.text((self.left + name_x, self.y), _fit(name, size, room), font=font, fill=self.ink, anchor="la")
         self.draw.text((self.right, self.y), amount, font=font, fill=self.ink, anchor="ra")
         self.y += round(size * _LINE_SPACING)
 
@@ -147,7 +181,7 @@ def render_receipt(receipt: Receipt) -> Image.Image:
         printer.text(line, body, shop.header_align)
     printer.separator(shop.separator, body)
 
-    printer.text(receipt.issued.strftime(shop.date_format), body)
+    printer.text(_date_line(receipt), body)
     printer.text(receipt.number, body)
     printer.text(f"Cashier: {receipt.cashier}", body)
     printer.separator(shop.separator, body)
@@ -158,7 +192,7 @@ def render_receipt(receipt: Receipt) -> Image.Image:
     printer.pair("SUBTOTAL", format_money(receipt.subtotal_cents), body)
     if shop.tax_rate:
         printer.pair(f"{shop.tax_label} {shop.tax_rate * 100:g}%", format_money(receipt.tax_cents), body)
-    printer.pair("TOTAL", f"{shop.currency} {format_money(receipt.total_cents)}", body + 4, bold=True)
+    printer.pair("TOTAL", _total_text(receipt), body + 4, bold=True)
     printer.text(f"Items: {sum(item.quantity for item in receipt.items)}", body)
     printer.gap(body // 2)
     for label, value in receipt.payment:

@@ -48,7 +48,10 @@ def test_printed_dates_normalise_day_first(printed, normal):
 
 def test_month_first_dates_when_asked():
     assert normalise_date("12/25/2018", day_first=False) == "2018-12-25"
-    assert normalise_date("12/25/2018") == ""  # day first: month 25 does not exist
+    assert normalise_date("12/25/2018") == "2018-12-25"  # day first, month 25 does not exist: month first then
+    assert normalise_date("25/12/2018", day_first=False) == "2018-12-25"  # and the other way round
+    assert normalise_date("25/13/2018") == ""  # in neither order a date
+    assert normalise_date("2018/25/12") == ""  # year first is never swapped
     assert normalise_date("2018-12-25", day_first=False) == "2018-12-25"  # year first is unambiguous
 
 

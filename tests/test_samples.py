@@ -180,11 +180,11 @@ def test_the_fields_verifier_tells_same_shop_receipts_apart_on_the_manifest(tmp_
         assert {"total", "receipt_number"} & set(judged["differ"])
 
 
-def test_printed_dates_read_as_dates_except_month_first_ones_past_the_twelfth():
+def test_printed_dates_read_as_dates_with_month_first_ones_swapped_up_to_the_twelfth():
     """Every shop's printed date reads as the receipt's day under the fields verifier's default
-    day-first reading, but for the month-first shop, whose dates past the 12th read as none (so
-    they are not compared) and whose others read with day and month swapped, the same for every
-    capture of the receipt."""
+    day-first reading, but for the month-first shop: its dates past the 12th cannot be day first
+    and so read month first (right), and its others read with day and month swapped, the same for
+    every capture of the receipt (so comparisons stay right)."""
     from receipt_embed.verification.fields import normalise_date
 
     for index in range(6 * len(SHOPS)):
@@ -192,7 +192,8 @@ def test_printed_dates_read_as_dates_except_month_first_ones_past_the_twelfth():
         read = normalise_date(printed_fields(receipt)["date"])
         day = receipt.issued
         if receipt.shop.date_format.startswith("%m/%d"):
-            assert read == ("" if day.day > 12 else f"{day.year:04d}-{day.day:02d}-{day.month:02d}")
+            swapped = f"{day.year:04d}-{day.day:02d}-{day.month:02d}"
+            assert read == (day.strftime("%Y-%m-%d") if day.day > 12 else swapped)
         else:
             assert read == day.strftime("%Y-%m-%d"), receipt.shop.name
 

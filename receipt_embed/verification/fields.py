@@ -55,8 +55,10 @@ def normalise_date(value: str, day_first: bool = True) -> str:
     unless ``day_first`` is False (then month first) when the year is not first; two-digit years
     are 20YY below 70, else 19YY; a month may be a name (``25 Dec 2018``, ``Dec 25, 2018``); eight
     digits without separators read year first when they start 19 or 20 and hold a month there
-    (``20180428``), else as day, month, year (``25032018``)."""
+    (``20180428``), else as day, month, year (``25032018``). A numeric date that cannot be read in
+    the assumed order (``12/25/2018`` day first) is read in the other."""
     text = str(value).strip().lower()
+    swappable = False  # numeric day and month whose order is only assumed
     found = re.search(r"(\d{1,4})\s*[/\-.\s]\s*([a-z]{3,9}|\d{1,2})\.?\s*[/\-.\s,]\s*(\d{2,4})", text)
     named_first = re.search(r"([a-z]{3,9})\.?\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{2,4})", text)
     compact = re.fullmatch(r"\D*(\d{8})\D*", text)  # 20180428 or 25032018, printed without separators
@@ -77,8 +79,10 @@ def normalise_date(value: str, day_first: bool = True) -> str:
             year, month, day = first, middle, last
         elif day_first:
             day, month, year = first, middle, last
+            swappable = True
         else:
             month, day, year = first, middle, last
+            swappable = True
     elif named_first and named_first.group(1) in MONTHS:
         month, day, year = MONTHS[named_first.group(1)], named_first.group(2), named_first.group(3)
     else:
@@ -87,6 +91,8 @@ def normalise_date(value: str, day_first: bool = True) -> str:
         day, month, year = int(day), int(month), int(year)
     except ValueError:
         return ""
+    if swappable and month > 12 and 1 <= day <= 12:  # 12/25/2018 read day first cannot be: month first it is
+        day, month = month, day
     if year < 100:
         year += 2000 if year < 70 else 1900
     if not (1 <= month <= 12 and 1 <= day <= 31 and 1900 <= year <= 2199):

@@ -37,6 +37,24 @@ def cli():
     return run_cli
 
 
+def browser_page(html: Path) -> dict:
+    """What Chromium (Qt WebEngine, tests/browser_check.py) shows of a report: headings, verdict,
+    images, the retrieval table; skips the test where no headless browser can start."""
+    import json
+
+    pytest.importorskip("PyQt6.QtWebEngineWidgets", reason="PyQt6-WebEngine not installed")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "browser_check.py"), str(html)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if done.returncode == 3:
+        pytest.skip(f"no headless browser could start: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def builtin_registry():
     """Components of the built-in plugins only (no entry points, no plugins folder)."""
     from receipt_embed.plugin_manager import PluginLoader

@@ -87,6 +87,13 @@ def test_the_manifest_columns_follow_the_pair_columns_without_clashing():
         "date_b",
     ]
     assert len(set(header)) == len(header)
+    clashing = pair_columns([], ["row", "manifest.row"])  # a manifest whose own column is manifest.row
+    assert clashing[len(PAIR_COLUMNS) :] == [
+        "manifest.row_a",
+        "manifest.row_b",
+        "manifest.manifest.row_a",
+        "manifest.manifest.row_b",
+    ]
 
 
 def test_all_pairs_reports_each_threshold_against_every_same_receipt_pair(cli, tmp_path):
@@ -236,9 +243,10 @@ def test_builtin_registry_builds_what_the_index_records(both_index):
     assert checks["geometric"][0].keypoints == 800 and checks["fields"][0].fields == ["merchant"]
 
 
-def _reference_verified_ranking(index, shortlist: int):
+def _reference_verified_ranking(index, shortlist: int, only: tuple[str, ...] = ("geometric", "fields")):
     """Each query's ranking by an independent route: a brute-force embedding order, its first
-    ``shortlist`` re-scored by freshly built verifiers on the stored data and sorted (stable)."""
+    ``shortlist`` re-scored by freshly built verifiers (``only`` these) on the stored data and
+    sorted (stable)."""
     from receipt_embed.indexing.verification import verified_score
     from receipt_embed.verification.fields import FieldsVerifier
     from receipt_embed.verification.geometric import GeometricVerifier
@@ -246,6 +254,7 @@ def _reference_verified_ranking(index, shortlist: int):
     x = index.embeddings.astype(np.float64)
     gram = x @ x.T
     verifiers = {"geometric": GeometricVerifier(keypoints=800), "fields": FieldsVerifier(fields=["merchant"])}
+    verifiers = {name: verifier for name, verifier in verifiers.items() if name in only}
     rankings = []
     for q in range(len(x)):
         order = [int(j) for j in np.argsort(-gram[q], kind="stable") if j != q]
@@ -289,10 +298,13 @@ def test_audit_verify_gives_the_retrieval_figures_on_the_verified_ranking(cli, b
         cross.append(labels[first] == labels[q])
     assert verified["cross_attribute"]["device"]["recall_at_1"] == pytest.approx(np.mean(cross))
     curves = figures["precision_recall"]["curves"]
-    assert set(curves) == {"embedding", "verified"}
-    best = [rankings[q][0] for q in range(len(labels))]
-    right = labels[best] == labels
-    assert curves["verified"][-1]["recall"] == pytest.approx(right.sum() / len(queries))  # every query flagged
+    assert set(curves) == {"embedding", "verified", "verified_image"}  # the image's verifiers alone too
+    for kind, ranked in (
+        ("verified", rankings),
+        ("verified_image", _reference_verified_ranking(index, 4, ("geometric",))),
+    ):
+        right = labels[[ranked[q][0] for q in range(len(labels))]] == labels
+        assert curves[kind][-1]["recall"] == pytest.approx(right.sum() / len(queries)), kind  # every query flagged
     assert f"verified (geometric, fields, shortlist 4): recall@1 {verified['recall_at_1']:.3f}" in said.stdout
     html = (report / "audit.html").read_text()
     assert "verified (geometric, fields, shortlist 4)" in html and 'alt="precision against recall"' in html
@@ -300,24 +312,11 @@ def test_audit_verify_gives_the_retrieval_figures_on_the_verified_ranking(cli, b
 
 def test_the_verified_report_renders_in_a_headless_browser(cli, both_index, tmp_path):
     """Both columns of the retrieval table and the precision-recall plot, as Chromium shows them."""
-    import subprocess
-    import sys
+    from conftest import browser_page
 
-    from conftest import REPO
-
-    pytest.importorskip("PyQt6.QtWebEngineWidgets", reason="PyQt6-WebEngine not installed")
     report = tmp_path / "report"
     assert cli("audit-shortcuts", both_index, "--verify", "--out", report, "-q").returncode == 0
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "browser_check.py"), str(report / "audit.html")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    if done.returncode == 3:
-        pytest.skip(f"no headless browser could start: {done.stderr.strip()[-200:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    page = json.loads(done.stdout.strip().splitlines()[-1])
+    page = browser_page(report / "audit.html")
     figures = json.loads((report / "audit.json").read_text())["retrieval"]
     table = {row[0]: row[1:] for row in page["retrieval"]}
     assert table["figure"] == ["embedding", "verified (geometric, fields, shortlist 10)"]

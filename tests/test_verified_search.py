@@ -188,6 +188,46 @@ def test_a_damaged_verifier_file_is_named_not_used(verified_index, tmp_path):
         load_index_dir(missing)
 
 
+def test_stored_data_unlike_what_the_verifier_extracts_is_named_before_any_score(cli, verified_index, tmp_path):
+    """Checksums made to agree, contents a verifier cannot read: an error naming the file, what is
+    wrong and how to rebuild, never a KeyError inside score."""
+    query = load_index_dir(verified_index).items[0]["path"]
+    for change, said in (
+        (lambda c: c.update(pts=c.pop("points"), **{"pts@offsets": c.pop("points@offsets")}),
+         r"it holds the arrays \['descriptors', 'pts', 'size'\], where extract gives \['descriptors', 'points', 'size'\]"),
+        (lambda c: c.update(descriptors=c["descriptors"][:, :16].copy()), r"its descriptors are uint8 rows of shape \(16,\)"),
+        (lambda c: c.update(points=c["points"].astype(np.float64)), "its points are float64 rows"),
+    ):  # fmt: skip
+        edited = tmp_path / f"edited{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(verified_index, edited)
+        with np.load(edited / "verifier-geometric.npz") as stored:
+            contents = {key: stored[key] for key in stored.files}
+        change(contents)
+        np.savez(edited / "verifier-geometric.npz", **contents)
+        _rewrite_checksum(edited, "verifier-geometric.npz")
+        result = cli("search", edited, query, "--verify")
+        assert result.returncode == 2, result.stderr
+        assert "verifier-geometric.npz is not what verifier 'geometric' (with the params index.json records) reads" in (
+            result.stderr
+        )
+        assert re.search(said, result.stderr), result.stderr
+        assert "rebuild it with `receipt-embed index ... --verify geometric --force`" in result.stderr
+
+
+def test_fields_params_that_do_not_match_the_stored_values_are_refused(tmp_path):
+    from receipt_embed.indexing.verifier_data import pack
+    from receipt_embed.verification.fields import FieldsVerifier
+
+    two = FieldsVerifier(fields=["date", "total"])
+    stored = pack("fields", [two.extract(None, {"date": "1/2/2018", "total": "9"})] * 3, str)
+    two.check_data(stored)  # what it extracted, it reads
+    with pytest.raises(BadInput, match=r"it holds 2 values for some capture, but its params compare 3 text fields"):
+        FieldsVerifier(fields=["date", "total", "merchant"]).check_data(stored)
+    numbers = pack("fields", [{"values": np.zeros(2)}], str)
+    with pytest.raises(BadInput, match="it holds float64 values"):
+        two.check_data(numbers)
+
+
 def test_items_that_disagree_on_their_arrays_are_refused_naming_both():
     names = ["a.jpg", "b.jpg"]
     with pytest.raises(BadInput, match=r"gave b.jpg the keys \['x'\], but a.jpg \['points'\]"):
@@ -426,3 +466,32 @@ def test_a_threshold_on_too_few_flags_is_warned_about():
     assert few_flags({"embedding": {"flagged": 10}}, 0.9) == []
     assert len(few_flags({"embedding": {"flagged": 9}}, 0.9)) == 1
     assert few_flags({"embedding": {"flagged": 1}}, 1.0) == []
+
+
+def test_a_calibration_with_values_out_of_their_range_is_named_on_load(verified_index, tmp_path):
+    good = {"threshold": 0.5, "precision": 1.0, "recall": 0.9, "flagged": 10, "verifiers": ["geometric"], "curve": []}
+    point = {"threshold": 0.5, "precision": 1.0, "recall": 0.9, "flagged": 10}
+    for kind, change, said in (
+        ("embedding", {"threshold": -1.5}, "calibration.embedding.threshold is a float (-1.5), expected a cosine similarity: a number in [-1, 1]"),
+        ("verified", {"threshold": -0.2}, "expected a verified score: a number in [0, 1], or null"),
+        ("verified_image", {"threshold": float("inf")}, "calibration.verified_image.threshold is a float (inf)"),
+        ("verified", {"precision": 1.2}, "calibration.verified.precision is a float (1.2), expected a number in [0, 1]"),
+        ("verified", {"recall": "all"}, "calibration.verified.recall is a str"),
+        ("verified", {"flagged": 2.5}, "calibration.verified.flagged is a float (2.5), expected an integer >= 0"),
+        ("verified", {"verifiers": "geometric"}, "calibration.verified.verifiers is a str ('geometric'), expected a list"),
+        ("verified", {"verifiers": [1]}, "expected a list of verifier names"),
+        ("verified", {"curve": {}}, "calibration.verified.curve is a dict"),
+        ("verified", {"curve": [{**point, "recall": None}]}, "expected points of numbers {threshold, precision, recall}"),
+        ("verified", {"curve": [{**point, "precision": 3}]}, "expected points of numbers"),
+    ):  # fmt: skip
+        edited = tmp_path / f"c{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(verified_index, edited)
+        meta = json.loads((edited / "index.json").read_text())
+        meta["calibration"] = {"target_precision": 0.99, kind: {**good, **change}}
+        (edited / "index.json").write_text(json.dumps(meta))
+        with pytest.raises(IndexDirError) as raised:
+            load_index_dir(edited)
+        assert said in str(raised.value), (change, str(raised.value))
+    meta["calibration"] = {"target_precision": 0.99, "verified": {**good, "curve": [point]}}
+    (edited / "index.json").write_text(json.dumps(meta))
+    assert load_index_dir(edited).meta["calibration"]["verified"]["threshold"] == 0.5  # what calibrate writes loads

@@ -195,7 +195,7 @@ def _audit(
             "curves": curves,
             "calibrated": {
                 kind: {key: stored[kind].get(key) for key in ("threshold", "precision", "recall")}
-                for kind in ("embedding", "verified")
+                for kind in ("embedding", "verified", "verified_image")
                 if kind in stored
             },
         }

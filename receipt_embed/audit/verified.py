@@ -62,12 +62,13 @@ def verified_figures(
     }
     retrieval.update(shortlist=shortlist, verifiers=list(checks), seconds=round(time.monotonic() - started, 3))
     positives = int(np.sum(queries))
-    curves = {}
-    for kind, (scores, best) in (
-        ("embedding", best_neighbours(index_dir)),
-        ("verified", best_verified(rows, verified)),
-    ):
-        curves[kind] = thinned(pr_curve(scores, labels[best] == labels, positives))
+    scored = {"embedding": best_neighbours(index_dir), "verified": best_verified(rows, verified)}
+    image = [name for name, (verifier, _) in checks.items() if getattr(verifier, "needs_image", True) is not False]
+    if image and len(image) < len(checks):  # as calibrate: a bare query image is scored by these alone
+        scored["verified_image"] = best_verified(rows, fused(rows, per, image))
+    curves = {
+        kind: thinned(pr_curve(scores, labels[best] == labels, positives)) for kind, (scores, best) in scored.items()
+    }
     return retrieval, curves
 
 

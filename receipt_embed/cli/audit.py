@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry
+from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry, shortlist_option
 from receipt_embed.display import printable, quoted
 from receipt_embed.errors import BadInput
 
@@ -117,13 +117,7 @@ def _folders_only(values):
     help="Also the retrieval figures after the index's verifiers (`index --verify`) re-rank each item's "
     "--shortlist nearest (retrieval.verified), and the precision-recall curves of both scores.",
 )
-@click.option(
-    "--shortlist",
-    type=click.IntRange(min=1, max=10_000),
-    default=10,
-    show_default=True,
-    help="With --verify: embedding neighbours re-ranked per item.",
-)
+@shortlist_option("With --verify: embedding neighbours re-ranked per item.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @click.option(
     "--force", is_flag=True, help="Replace an existing report in the report dir (written whole, then swapped in)."

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry
+from receipt_embed.cli.options import FiniteFloatRange, GivenPath, InputError, load_registry, shortlist_option
 from receipt_embed.display import printable
 from receipt_embed.errors import BadInput
 
@@ -20,13 +20,7 @@ from receipt_embed.errors import BadInput
     show_default=True,
     help="Share of flagged queries that must be real duplicates.",
 )
-@click.option(
-    "--shortlist",
-    type=click.IntRange(min=1, max=10_000),
-    default=10,
-    show_default=True,
-    help="Embedding neighbours the verifiers re-rank (when the index stores verifiers).",
-)
+@shortlist_option("Embedding neighbours the verifiers re-rank (when the index stores verifiers).")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration record as JSON.")
 @click.pass_context
 def calibrate(ctx, index_dir, target_precision, shortlist, as_json):

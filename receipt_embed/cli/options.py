@@ -188,3 +188,18 @@ def check_components(config, registry) -> None:
 def load_registry(ctx: click.Context | None = None, config=None):
     """The registry the application loads (see :class:`receipt_embed.cli.app.Application`)."""
     return current_app().registry(config)
+
+
+MAX_SHORTLIST = 10_000
+
+
+def shortlist_option(help_text: str):
+    """``--shortlist K``, the embedding neighbours the verifiers check: one definition for search,
+    calibrate and audit-shortcuts, so its range and default cannot drift apart."""
+    return click.option(
+        "--shortlist",
+        type=click.IntRange(min=1, max=MAX_SHORTLIST),
+        default=10,
+        show_default=True,
+        help=help_text,
+    )

@@ -10,7 +10,14 @@ import sys
 import click
 import numpy as np
 
-from receipt_embed.cli.options import CheckpointPath, FiniteFloatRange, GivenPath, InputError, load_registry
+from receipt_embed.cli.options import (
+    CheckpointPath,
+    FiniteFloatRange,
+    GivenPath,
+    InputError,
+    load_registry,
+    shortlist_option,
+)
 from receipt_embed.display import printable, spreadsheet_safe, utf8_safe
 from receipt_embed.errors import BadInput
 
@@ -141,13 +148,7 @@ class ThresholdType(click.ParamType):
     help="With --verify and one IMAGE: a printed field of the query (date=25/12/2018, total=9.00), "
     "which the fields verifier compares with the indexed captures' manifest columns.",
 )
-@click.option(
-    "--shortlist",
-    type=click.IntRange(min=1, max=10_000),
-    default=10,
-    show_default=True,
-    help="With --verify: embedding neighbours checked per query.",
-)
+@shortlist_option("With --verify: embedding neighbours checked per query.")
 @click.option("--all-pairs", is_flag=True, help="Every pair of indexed items at or above --threshold (no IMAGEs).")
 @click.option(
     "--min-similarity",
@@ -495,7 +496,7 @@ def _summary_lines(summary: dict) -> list[str]:
         if duplicates is not None
         else "some unlabelled (no receipt_id), so recall is not known"
     )
-    lines = [f"{summary['items']} items, {known}"]
+    lines = [f"{summary['items']} item{'' if summary['items'] == 1 else 's'}, {known}"]
     if summary["score"] == "verified":
         cut = "" if summary["min_similarity"] is None else f" with similarity >= {summary['min_similarity']:g}"
         lines.append(

@@ -38,17 +38,10 @@ def best_neighbours(index_dir: IndexDir, checks: dict | None = None, shortlist: 
     from receipt_embed.indexing.verification import fused, shortlist_scores
 
     if checks is None:
-        import faiss
+        from receipt_embed.evaluation.retrieval import knn
 
-        vectors = np.ascontiguousarray(index_dir.embeddings, dtype=np.float32)
-        flat = faiss.IndexFlatIP(vectors.shape[1])
-        flat.add(vectors)
-        sims, ids = flat.search(vectors, min(len(vectors), 2))
-        scores, rows = np.empty(len(vectors)), np.empty(len(vectors), dtype=np.int64)
-        for query in range(len(vectors)):
-            keep = (ids[query] != query) & (ids[query] >= 0)  # the query itself (or a byte-identical copy) dropped
-            scores[query], rows[query] = sims[query][keep][0], ids[query][keep][0]
-        return scores, rows
+        sims, ids = knn(index_dir.embeddings, 1)  # the query itself dropped (a byte-identical copy is kept)
+        return sims[:, 0].astype(np.float64), ids[:, 0]
     rows, per = shortlist_scores(index_dir, checks, shortlist, registry)
     return best_verified(rows, fused(rows, per, list(checks)))
 

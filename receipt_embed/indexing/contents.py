@@ -119,24 +119,62 @@ def _check_verifiers_entry(meta: dict, bad) -> tuple[str, ...]:
     return tuple(verifier_file(name) for name in verifiers)
 
 
+def _is_number(value) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_calibration_entry(meta: dict, bad) -> None:
-    """index.json's ``calibration``: the thresholds ``search --threshold auto`` reads must be numbers."""
+    """index.json's ``calibration``: what ``search --threshold auto`` reads and the audit plots
+    (thresholds in the range of their score, precision and recall in [0, 1], the curve's points,
+    the verifiers by name) has the types ``calibrate`` writes."""
     calibration = meta.get("calibration")
     if calibration is None:
         return
     if not isinstance(calibration, dict):
         raise bad("calibration", wanted="an object (what `receipt-embed calibrate` writes)")
-    for kind in ("embedding", "verified", "verified_image"):
+    target = calibration.get("target_precision")
+    if "target_precision" in calibration and not (_is_number(target) and 0 < target <= 1):
+        raise bad("calibration", "target_precision", wanted="a number in (0, 1]")
+    for kind, low in (("embedding", -1), ("verified", 0), ("verified_image", 0)):
         if kind not in calibration:
             continue
         entry = calibration[kind]
         if not isinstance(entry, dict):
             raise bad("calibration", kind, wanted="an object with threshold, precision and recall")
-        threshold = entry.get("threshold")
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
-            raise bad("calibration", kind, "threshold", wanted="a number or null")
-        if isinstance(threshold, float) and threshold != threshold:
-            raise bad("calibration", kind, "threshold", wanted="a number or null")
+        score = "a cosine similarity" if kind == "embedding" else "a verified score"
+        ranges = {
+            "threshold": (low, f"{score}: a number in [{low}, 1], or null"),
+            "precision": (0, ""),
+            "recall": (0, ""),
+        }
+        for key, (bottom, wanted) in ranges.items():
+            value = entry.get(key)
+            if value is not None and not (_is_number(value) and bottom <= value <= 1):
+                raise bad("calibration", kind, key, wanted=wanted or "a number in [0, 1], or null")
+        flagged = entry.get("flagged")
+        if flagged is not None and not (_is_int(flagged) and flagged >= 0):
+            raise bad("calibration", kind, "flagged", wanted="an integer >= 0, or null")
+        verifiers = entry.get("verifiers")
+        if "verifiers" in entry and not (isinstance(verifiers, list) and all(isinstance(v, str) for v in verifiers)):
+            raise bad("calibration", kind, "verifiers", wanted="a list of verifier names")
+        curve = entry.get("curve")
+        if "curve" in entry:
+            if not isinstance(curve, list):
+                raise bad("calibration", kind, "curve", wanted="a list of points {threshold, precision, recall}")
+            for point in curve:
+                if not (
+                    isinstance(point, dict)
+                    and all(_is_number(point.get(key)) for key in ("threshold", "precision", "recall"))
+                    and all(0 <= point[key] <= 1 for key in ("precision", "recall"))
+                ):
+                    raise bad(
+                        "calibration",
+                        kind,
+                        "curve",
+                        wanted=f"points of numbers {{threshold, precision, recall}}, not {shortened(repr(point))}",
+                    )
 
 
 def _check_files_entry(meta: dict, bad) -> None:

@@ -108,16 +108,13 @@ def shortlist_pairs(
     """The candidate pairs (i < j, each once) in which j is among i's ``shortlist`` nearest other
     items or i among j's, with similarity >= ``min_similarity`` when given; sorted like
     :func:`all_pairs`."""
-    import faiss
+    from receipt_embed.evaluation.retrieval import knn
 
     vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    flat.add(vectors)
-    k = min(len(vectors), shortlist + 1)
-    sims, ids = flat.search(vectors, k)
-    query = np.repeat(np.arange(len(vectors)), k)
+    sims, ids = knn(vectors, shortlist)
+    query = np.repeat(np.arange(len(vectors)), ids.shape[1])
     ids, sims = ids.reshape(-1), sims.reshape(-1)
-    keep = (ids >= 0) & (ids != query)
+    keep = ids >= 0
     if min_similarity is not None:
         keep &= sims >= min_similarity - SIMILARITY_TOLERANCE
     a, b, s = np.minimum(query, ids)[keep], np.maximum(query, ids)[keep], sims[keep]
@@ -216,8 +213,10 @@ def pair_columns(verifiers: list[str], extras: list[str]) -> list[str]:
     for extra in extras:
         for side in ("a", "b"):
             name = f"{extra}_{side}"
-            columns.append(f"manifest.{name}" if name in taken else name)
-            taken.add(columns[-1])
+            while name in taken:  # a clash with ours, or with another manifest column: prefixed until unique
+                name = f"manifest.{name}"
+            columns.append(name)
+            taken.add(name)
     return columns
 
 

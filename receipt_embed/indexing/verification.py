@@ -32,10 +32,23 @@ def verifiers_of(index_dir: IndexDir, names: list[str], registry) -> dict:
             f"{index_dir.path} holds no data for verifier {quoted(missing[0])} (it holds {', '.join(stored)}): "
             f"build it with `receipt-embed index ... --verify {missing[0]}`"
         )
-    return {
-        name: (registry.create("verifier", name, **stored[name]["params"]), index_dir.verifiers[name])
-        for name in wanted
-    }
+    checks = {}
+    for name in wanted:
+        verifier, data = registry.create("verifier", name, **stored[name]["params"]), index_dir.verifiers[name]
+        if hasattr(verifier, "check_data"):
+            from receipt_embed.errors import BadInput
+            from receipt_embed.registry import plugin_errors
+
+            try:
+                with plugin_errors(registry, "verifier", name, f"checking {stored[name]['file']}"):
+                    verifier.check_data(data)
+            except BadInput as exc:
+                raise IndexDirError(
+                    f"{index_dir.path / stored[name]['file']} is not what verifier {quoted(name)} (with the params "
+                    f"index.json records) reads: {exc}; rebuild it with `receipt-embed index ... --verify {name} --force`"
+                ) from None
+        checks[name] = (verifier, data)
+    return checks
 
 
 def check_query_fields(checks: dict, fields: dict | None) -> None:
@@ -111,24 +124,20 @@ def shortlist_scores(index_dir: IndexDir, checks: dict, shortlist: int, registry
     --verify`` read. :func:`fused` turns them into verified scores for any subset of verifiers."""
     import sys
 
-    import faiss
     from tqdm import tqdm
 
+    from receipt_embed.evaluation.retrieval import knn
     from receipt_embed.registry import plugin_errors
 
-    vectors = np.ascontiguousarray(index_dir.embeddings, dtype=np.float32)
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    flat.add(vectors)
-    k = min(len(vectors), shortlist + 1)
-    _, ids = flat.search(vectors, k)
+    vectors = index_dir.embeddings
+    _, ids = knn(vectors, shortlist)  # the query itself dropped, wherever ties place it
     rows = np.full((len(vectors), shortlist), -1, dtype=np.int64)
     per = {name: (np.zeros(rows.shape), np.ones(rows.shape, dtype=bool)) for name in checks}
     with tqdm(
         total=len(vectors), desc="verifying shortlists", unit="item", disable=not progress, file=sys.stderr
     ) as bar:
         for query in range(len(vectors)):
-            # the query itself (or a byte-identical copy ranked first) is dropped
-            candidates = [int(row) for row in ids[query] if row >= 0 and row != query][:shortlist]
+            candidates = [int(row) for row in ids[query] if row >= 0]
             for n, row in enumerate(candidates):
                 rows[query, n] = row
                 for name, (verifier, data) in checks.items():

@@ -158,7 +158,7 @@ def read_verifier_file(path: Path, name: str, count: int, error) -> VerifierData
     try:
         contents = load_npz(path)
     except BadNpyFile as exc:
-        raise error(f"{exc} (the verifier {quoted(name)}'s data)") from None
+        raise error(f"{exc} (the data of verifier {quoted(name)})") from None
     offsets = {key[: -len(OFFSETS)]: value for key, value in contents.items() if key.endswith(OFFSETS)}
     arrays = {key: value for key, value in contents.items() if not key.endswith(OFFSETS)}
     if set(arrays) != set(offsets) - {""}:

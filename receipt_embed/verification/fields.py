@@ -190,7 +190,8 @@ class FieldsVerifier:
             elif count < len(rows):
                 notes.append(
                     f"verifier fields: {len(rows) - count} of {len(rows)} captures have no {column} value that reads "
-                    f"as a {KINDS.get(column, 'text')}; those pairs are judged on their other fields"
+                    f"as {'an' if KINDS.get(column, 'text')[0] in 'aeiou' else 'a'} {KINDS.get(column, 'text')}; those pairs are "
+                    "judged on their other fields"
                 )
         return notes
 
@@ -198,6 +199,25 @@ class FieldsVerifier:
         """``values``: one normalised string per field of ``fields`` (``""`` where the row has none)."""
         item = item or {}
         return {"values": np.array([self.normalise(column, item.get(column)) for column in self.fields], dtype=str)}
+
+    def check_data(self, data) -> None:
+        """The stored data holds ``values``, one per field of ``fields`` for every capture: data
+        extracted with other ``fields`` would compare one column's value with another's."""
+        from receipt_embed.verification.stored import check_keys, per_item_counts
+
+        check_keys(data, ("values",))
+        counts = per_item_counts(data, "values")
+        if data.arrays["values"].dtype.kind != "U" or np.any(counts != len(self.fields)):
+            wrong = (
+                int(counts[np.flatnonzero(counts != len(self.fields))[0]])
+                if np.any(counts != len(self.fields))
+                else None
+            )
+            held = f"{wrong} values for some capture" if wrong is not None else f"{data.arrays['values'].dtype} values"
+            raise BadInput(
+                f"it holds {held}, but its params compare {len(self.fields)} text fields ({', '.join(self.fields)}): "
+                "the data was extracted with other params"
+            )
 
     def score(self, query: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict:
         """``score`` (0: a shared field differs; 1: all shared fields agree; 0.5: none shared), with

@@ -82,6 +82,27 @@ class GeometricVerifier:
             "size": np.array(gray.shape, dtype=np.int32),
         }
 
+    def check_data(self, data) -> None:
+        """The stored data (an index's VerifierData) is what :meth:`extract` gives: points (n, 2)
+        and descriptors (n, 32 uint8) per capture, as many of each, and the page's size."""
+        from receipt_embed.verification.stored import check_keys, per_item_counts
+
+        check_keys(data, ("points", "descriptors", "size"))
+        for key, dtype, shape in (
+            ("points", np.float32, (2,)),
+            ("descriptors", np.uint8, (DESCRIPTOR_BYTES,)),
+            ("size", np.int32, ()),
+        ):
+            if data.arrays[key].dtype != dtype or data.arrays[key].shape[1:] != shape:
+                raise BadInput(
+                    f"its {key} are {data.arrays[key].dtype} rows of shape {data.arrays[key].shape[1:]}, where "
+                    f"extract gives {np.dtype(dtype)} rows of shape {shape}"
+                )
+        if not np.array_equal(per_item_counts(data, "points"), per_item_counts(data, "descriptors")):
+            raise BadInput("some capture has a different number of points and descriptors")
+        if np.any(per_item_counts(data, "size") != 2):
+            raise BadInput("some capture's size is not (height, width)")
+
     def score(self, query: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict:
         """``score``: the homography's inliers' ``coverage`` of the query page (in [0, 1]), with
         ``matches`` (ratio-test matches) and ``inliers``."""

@@ -331,6 +331,7 @@ def test_audit_verify_needs_verifier_data_and_shortlist_needs_verify(cli, traine
     assert cli("index", "--checkpoint", checkpoint, "--data", dataset, "--out", plain, "-q").returncode == 0
     said = cli("audit-shortcuts", plain, "--verify", "--out", tmp_path / "r")
     assert said.returncode == 2 and "holds no verifier data: build it with `receipt-embed index" in said.stderr
+    assert "verifying each item" not in said.stdout + said.stderr  # refused before any work is announced
     assert not (tmp_path / "r").exists()
     said = cli("audit-shortcuts", plain, "--shortlist", "5", "--out", tmp_path / "r")
     assert said.returncode == 2 and "--shortlist goes with --verify" in said.stderr
@@ -344,10 +345,13 @@ def test_a_search_on_which_every_verifier_abstains_gives_no_verdict(cli, both_in
     result = json.loads(cli(*common, "--json").stdout)[0]
     assert result["duplicate"] is None and result["match"] is None
     assert all(hit["verified"]["score"] is None for hit in result["neighbours"])
+    assert all(hit["verified"]["fields"]["score"] is None for hit in result["neighbours"])  # no 0.5 placeholder
     table = cli(*common)
     assert table.returncode == 0, table.stderr
     assert "no verdict: every verifier abstained on every other capture" in table.stdout
-    assert "fields abstained" in table.stdout and "0.500" not in table.stdout
+    assert "fields abstained (nothing to compare)" in table.stdout and "0.500" not in table.stdout
+    assert "give --field KEY=VALUE" in table.stdout
+    assert f"verified   -    similarity {result['neighbours'][0]['similarity']:.3f}" in table.stdout
     given = json.loads(cli(*common, "--json", "--field", f"merchant={item['merchant']}").stdout)[0]
     assert given["duplicate"] is True  # a capture of the same shop agrees, so the verdict returns
 

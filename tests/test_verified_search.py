@@ -126,7 +126,12 @@ def test_verify_options_are_refused_where_they_do_not_apply(cli, trained, verifi
     said = cli("search", verified_index, query, "--verify", "--threshold", "-0.2")
     assert said.returncode == 2 and "--threshold -0.2 with --verify: verified scores are 0 to 1" in said.stderr
     said = cli("search", verified_index, "--all-pairs", "--out", tmp_path / "p.csv")
-    assert said.returncode == 2 and "--all-pairs needs --threshold T (or --threshold auto" in said.stderr
+    assert said.returncode == 2 and "--all-pairs needs --threshold T: " in said.stderr
+    assert "has no calibrated embedding threshold (`receipt-embed calibrate` stores one" in said.stderr
+    said = cli("search", verified_index, "--all-pairs", "--threshold", "0.5")
+    assert said.returncode == 2 and "--all-pairs writes its pairs to a CSV: give --out pairs.csv" in said.stderr
+    said = cli("search", verified_index, query, "--verify", "--field", "date=")
+    assert said.returncode == 2 and "--field date= has no value" in said.stderr
     base = ("index", "--checkpoint", checkpoint, "--data", dataset, "--out", tmp_path / "x")
     said = cli(*base, "--verify", "geometrc")
     assert said.returncode == 2 and "unknown verifier 'geometrc'" in said.stderr and "'geometric'" in said.stderr
@@ -300,7 +305,7 @@ def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_p
     stored = load_index_dir(index_dir).meta["calibration"]
     uses = said.stdout.split("uses:\n", 1)[1]
     assert (
-        f"search IMAGE (without --verify) and --all-pairs: the embedding threshold {stored['embedding']['threshold']:.4f}"
+        f"search IMAGE (without --verify), and --all-pairs: the embedding threshold {stored['embedding']['threshold']:.4f}"
         in uses
     )
     if stored["verified"]["threshold"] is not None:
@@ -327,6 +332,11 @@ def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_p
     assert plain["threshold_kind"] == "embedding"
     given = json.loads(cli("search", index_dir, query, "--json", "--threshold", "0.5").stdout)[0]
     assert given["threshold_kind"] == "given" and given["threshold"] == 0.5
+    pairs = cli("search", index_dir, "--all-pairs", "--out", tmp_path / "p.csv")  # no --threshold: the calibrated one
+    assert pairs.returncode == 0, pairs.stderr
+    assert f"similarity >= {threshold:g}:" in pairs.stdout
+    wrong = cli("search", index_dir, query, "--verify", "--verifier", "nosuch")  # the verifier named, not the threshold
+    assert wrong.returncode == 2 and "holds no data for verifier 'nosuch'" in wrong.stderr
     table = cli("search", index_dir, query, "--threshold", "auto")
     said = f"{threshold:g}, the calibrated embedding threshold)"
     assert f">= {said}" in table.stdout or f"below {said}" in table.stdout
@@ -359,7 +369,7 @@ def test_calibration_warns_where_its_thresholds_cannot_say_much():
     assert calibration_warnings({"receipts": 40, "embedding": {"flagged": 500}}, 0.99) == []
     record = {"embedding": {"threshold": 0.9}, "verified": {"threshold": 0.5}, "verified_image": {"threshold": None}}
     assert searches_using(record) == [
-        "search IMAGE (without --verify) and --all-pairs: the embedding threshold 0.9000",
+        "search IMAGE (without --verify), and --all-pairs: the embedding threshold 0.9000",
         "search IMAGE --verify --field KEY=VALUE, and --all-pairs --verify: the verified threshold 0.5000",
     ]
     assert searches_using({"embedding": {"threshold": None}}) == []
@@ -466,6 +476,12 @@ def test_a_threshold_on_too_few_flags_is_warned_about():
     assert few_flags({"embedding": {"flagged": 10}}, 0.9) == []
     assert len(few_flags({"embedding": {"flagged": 9}}, 0.9)) == 1
     assert few_flags({"embedding": {"flagged": 1}}, 1.0) == []
+    (one,) = few_flags({"verified_image": {"flagged": 1, "recall": 0.006}}, 0.99)
+    assert one.startswith("the verified_image threshold rests on 1 flagged query; 100 are needed")
+    assert one.endswith(
+        "or accept that this score reaches 0.99 only at a recall of 0.6% (a lower --target-precision; for "
+        "verified_image, searches given the query's --field values)"
+    )
 
 
 def test_a_calibration_with_values_out_of_their_range_is_named_on_load(verified_index, tmp_path):

@@ -183,6 +183,12 @@ def _audit(
     if verify:
         from receipt_embed.audit.verified import verified_figures
 
+        if not meta.get("verifiers"):
+            from receipt_embed.indexing.index_dir import IndexDirError
+
+            raise IndexDirError(
+                f"{index_dir.path} holds no verifier data: build it with `receipt-embed index ... --verify geometric`"
+            )
         log(f"verifying each item's {shortlist} nearest with {', '.join(meta.get('verifiers') or {})}")
         values = {
             a: np.array([str(item[a]) for item in index_dir.items]) for a in figures["retrieval"]["cross_attribute"]

@@ -67,6 +67,10 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
         click.echo(printable(f"stored in {index_dir}/index.json; `search --threshold auto` (the default) uses:"))
         for line in uses:
             click.echo(printable(f"  {line}"))
+        click.echo(
+            "  (each figure is of a capture's best other capture, as a new submission is judged; --all-pairs "
+            "counts every pair at or above the threshold, so its precision is lower: its summary prints it)"
+        )
     else:
         click.echo(
             printable(

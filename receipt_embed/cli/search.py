@@ -32,7 +32,10 @@ def _print_results(results: list[dict], threshold, threshold_kind: str | None = 
             match = result["match"]
             source = "" if threshold_kind in (None, "given") else f", the calibrated {threshold_kind} threshold"
             if result["duplicate"] is None:
-                verdict = "no verdict: every verifier abstained on every other capture (no evidence either way)"
+                verdict = (
+                    "no verdict: every verifier abstained on every other capture (no evidence either way; "
+                    "a verifier of printed fields needs the query's: give --field KEY=VALUE)"
+                )
             elif match:
                 verdict = (
                     f"DUPLICATE of receipt {printable(match['receipt_id'])} ({_score_name(match)} "
@@ -45,8 +48,11 @@ def _print_results(results: list[dict], threshold, threshold_kind: str | None = 
         for rank, hit in enumerate(result["neighbours"], start=1):
             same = "  [same file]" if hit["same_file"] else ""
             values = "  ".join(printable(hit[key]) for key in ("receipt_id", "device", "path"))
-            verified = f"verified {_verified_text(hit['verified']['score'])}  " if "verified" in hit else ""
-            click.echo(f"  {rank:>2}. {verified}{hit['similarity']:.3f}  {values}{same}")
+            if "verified" in hit:
+                line = f"verified {_verified_text(hit['verified']['score'])}  similarity {hit['similarity']:.3f}"
+            else:
+                line = f"{hit['similarity']:.3f}"
+            click.echo(f"  {rank:>2}. {line}  {values}{same}")
             if "verified" in hit:
                 click.echo(f"      {_verifier_figures(hit['verified'])}")
 
@@ -58,8 +64,10 @@ def _verifier_figures(verified: dict) -> str:
         if name == "score":
             continue
         shown = {key: value for key, value in figures.items() if key not in ("score", "abstain")}
+        if figures.get("abstain"):  # no evidence either way: its figures (nothing agreed, nothing differed) say nothing
+            shown = {}
         extras = ", ".join(f"{printable(key)} {_figure(value)}" for key, value in shown.items())
-        score = "abstained" if figures.get("abstain") else f"{figures['score']:.3f}"
+        score = "abstained (nothing to compare)" if figures.get("abstain") else f"{figures['score']:.3f}"
         parts.append(f"{printable(name)} {score}" + (f" ({extras})" if extras else ""))
     return "; ".join(parts)
 
@@ -211,11 +219,8 @@ def search(
     if all_pairs:
         if images:
             raise InputError("--all-pairs compares the indexed items with each other; give no IMAGE arguments")
-        if not thresholds or out_file is None:
-            raise InputError(
-                "--all-pairs needs --threshold T (or --threshold auto, the one `receipt-embed calibrate` "
-                "stored) and --out pairs.csv"
-            )
+        if out_file is None:
+            raise InputError("--all-pairs writes its pairs to a CSV: give --out pairs.csv ('-' for standard output)")
         if as_json and out_file == "-":
             raise InputError("--all-pairs --json prints the summary to standard output: give --out a file")
         refused = given - {"verify", "verifier_names", "shortlist", "as_json"}
@@ -230,7 +235,8 @@ def search(
                 "max_bytes": "--max-bytes",
             }
             raise InputError(
-                f"{', '.join(names[n] for n in sorted(refused))} apply to image queries, not to --all-pairs"
+                f"{', '.join(names[n] for n in sorted(refused))} "
+                f"{'applies' if len(refused) == 1 else 'apply'} to image queries, not to --all-pairs"
             )
     else:
         if not images:
@@ -256,10 +262,18 @@ def search(
         if all_pairs:
             check_pairs_out(out_file, index_dir, force)
         loaded_index = load_index_dir(index_dir)
-        if query_fields:  # refused before any threshold is read: a field no verifier compares
+        if verify:  # verifiers and fields checked before any threshold is read: their errors are theirs
             from receipt_embed.indexing.verification import check_query_fields, verifiers_of
 
             check_query_fields(verifiers_of(loaded_index, list(verifier_names), load_registry(ctx)), query_fields)
+        if all_pairs and not thresholds:  # a calibrated index's threshold, as for image queries
+            kind = search_kind(verify, True, loaded_index.meta.get("calibration"))
+            if ((loaded_index.meta.get("calibration") or {}).get(kind) or {}).get("threshold") is None:
+                raise InputError(
+                    f"--all-pairs needs --threshold T: {index_dir} has no calibrated {kind} threshold "
+                    "(`receipt-embed calibrate` stores one, which --all-pairs then uses)"
+                )
+            thresholds = ("auto",)
         kind = search_kind(verify, all_pairs or bool(query_fields), loaded_index.meta.get("calibration"))
         calibrated = _uses_calibration(loaded_index, thresholds, kind, images_query=not all_pairs)
         resolved = list(
@@ -323,6 +337,8 @@ def _parsed_fields(given) -> dict:
             raise InputError(f"--field {printable(text)}: give KEY=VALUE, such as date=25/12/2018")
         if key in fields:
             raise InputError(f"--field {printable(key)} is given twice")
+        if not value.strip():
+            raise InputError(f"--field {printable(key)}= has no value: give the printed value, or leave the field out")
         fields[key] = value.strip()
     return fields
 

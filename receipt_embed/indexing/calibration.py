@@ -179,8 +179,15 @@ def few_flags(record: dict, target: float) -> list[str]:
         flagged = chosen.get("flagged")
         if flagged is not None and flagged < needed:
             warnings.append(
-                f"the {kind} threshold rests on {flagged} flagged queries; {needed} are needed before precision "
-                f"{target:g} can show one false alarm in {needed}: calibrate on more labelled captures"
+                f"the {kind} threshold rests on {flagged} flagged quer{'y' if flagged == 1 else 'ies'}; {needed} are "
+                f"needed before precision {target:g} can show one false alarm in {needed}: calibrate on more labelled "
+                "captures"
+                + (
+                    f", or accept that this score reaches {target:g} only at a recall of {chosen['recall']:.1%} "
+                    "(a lower --target-precision; for verified_image, searches given the query's --field values)"
+                    if chosen.get("recall") is not None and chosen["recall"] < 0.1
+                    else ""
+                )
             )
     return warnings
 
@@ -206,7 +213,7 @@ def calibration_warnings(record: dict, target: float) -> list[str]:
 
 # the searches each calibrated score judges, for calibrate to say which threshold a search will use
 SEARCHES = {
-    "embedding": "search IMAGE (without --verify) and --all-pairs: the embedding threshold",
+    "embedding": "search IMAGE (without --verify), and --all-pairs: the embedding threshold",
     "verified": "search IMAGE --verify --field KEY=VALUE, and --all-pairs --verify: the verified threshold",
     "verified_image": "search IMAGE --verify (a bare image): the verified_image threshold",
 }
@@ -252,14 +259,16 @@ def calibrated_threshold(index_dir: IndexDir, kind: str, verifiers: list[str] | 
     missing = [name for name in calibration[kind].get("verifiers", []) if name not in used]
     if missing:
         raise IndexDirError(
-            f"--threshold auto: the {kind} threshold of {index_dir.path} was calibrated with "
+            f"--threshold auto (the default once an index is calibrated): the {kind} threshold of {index_dir.path} "
+            "was calibrated with "
             f"{', '.join(calibration[kind]['verifiers'])}, and this search leaves out {', '.join(missing)}; "
             "drop --verifier, or give --threshold T"
         )
     threshold = calibration[kind].get("threshold")
     if threshold is None:
         raise IndexDirError(
-            f"--threshold auto: no {kind} threshold of {index_dir.path} reached the target precision "
+            f"--threshold auto (the default once an index is calibrated): no {kind} threshold of {index_dir.path} "
+            "reached the target precision "
             f"{calibration.get('target_precision')}; calibrate with a lower --target-precision, or give --threshold T"
         )
     return float(threshold)

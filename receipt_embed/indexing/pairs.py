@@ -142,7 +142,7 @@ def verify_pairs(checks: dict, registry, a: np.ndarray, b: np.ndarray, progress:
             for name, (verifier, data) in checks.items():
                 with plugin_errors(registry, "verifier", name, f"scoring rows {i} and {j}"):
                     result = score_figures(name, verifier.score(data.item(i), data.item(j)))
-                scores[name][n] = np.nan if result.get("abstain") else result["score"]
+                scores[name][n] = np.nan if result["score"] is None else result["score"]
                 figures.append(result)
             score = verified_score(figures)
             fused[n] = np.nan if score is None else score

@@ -143,7 +143,8 @@ def shortlist_scores(index_dir: IndexDir, checks: dict, shortlist: int, registry
                 for name, (verifier, data) in checks.items():
                     with plugin_errors(registry, "verifier", name, f"scoring rows {query} and {row}"):
                         result = score_figures(name, verifier.score(data.item(query), data.item(row)))
-                    per[name][0][query, n], per[name][1][query, n] = result["score"], bool(result.get("abstain"))
+                    abstained = bool(result.get("abstain"))
+                    per[name][0][query, n], per[name][1][query, n] = 0.0 if abstained else result["score"], abstained
             bar.update()
     return rows, per
 
@@ -198,4 +199,5 @@ def score_figures(name: str, result) -> dict:
         json.dumps(figures)
     except (TypeError, ValueError) as exc:
         raise BadInput(f"verifier {quoted(name)} returned figures that are not JSON-ready: {exc}") from None
-    return {"score": round(number, 6), **figures}
+    # an abstaining verifier has no score: null, so no reader averages a placeholder in
+    return {"score": None if result.get("abstain") else round(number, 6), **figures}

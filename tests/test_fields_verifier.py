@@ -111,6 +111,7 @@ def test_one_receipt_agrees_a_sibling_differs_and_no_shared_field_is_no_evidence
         "agree": ["receipt_number", "merchant"],
         "differ": ["date", "total"],
         "abstain": False,
+        "read_as": ["date 2018-12-25 / 2018-12-26", "total 9 / 12.4"],  # the normalised values that differ
     }
     # no shared field: no evidence, left out of the verified score
     assert _scored(verifier, receipt, {"path": "x.jpg"}) == {"score": 0.5, "agree": [], "differ": [], "abstain": True}

@@ -222,10 +222,13 @@ class FieldsVerifier:
     def score(self, query: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict:
         """``score`` (0: a shared field differs; 1: all shared fields agree; 0.5: none shared), with
         the fields that ``agree`` and ``differ``."""
-        agree, differ = [], []
+        agree, differ, read_as = [], [], []
         for column, a, b in zip(self.fields, query["values"].tolist(), candidate["values"].tolist(), strict=False):
             if a and b:
                 (agree if a == b else differ).append(column)
+                if a != b:  # as normalised, so a reviewer sees why (a date read day first, say)
+                    read_as.append(f"{column} {a} / {b}")
         score = 0.0 if differ else 1.0 if agree else 0.5
         # no field in common: no evidence, so the verified score leaves this verifier out
-        return {"score": score, "agree": agree, "differ": differ, "abstain": not (agree or differ)}
+        result = {"score": score, "agree": agree, "differ": differ, "abstain": not (agree or differ)}
+        return {**result, "read_as": read_as} if read_as else result

@@ -277,6 +277,8 @@ def test_audit_verify_gives_the_retrieval_figures_on_the_verified_ranking(cli, b
     figures = json.loads((report / "audit.json").read_text())
     verified = figures["retrieval"]["verified"]
     assert set(figures["retrieval"]) - {"verified"} <= set(verified)  # the same keys, beside the embedding's
+    image = verified["image"]  # and with the image's verifiers alone, as a bare query image is judged
+    assert image["verifiers"] == ["geometric"] and set(figures["retrieval"]) - {"verified"} <= set(image)
     assert verified["shortlist"] == 4 and verified["verifiers"] == ["geometric", "fields"]
     index = load_index_dir(both_index)
     labels = np.array([item["receipt_id"] for item in index.items])
@@ -305,6 +307,8 @@ def test_audit_verify_gives_the_retrieval_figures_on_the_verified_ranking(cli, b
     ):
         right = labels[[ranked[q][0] for q in range(len(labels))]] == labels
         assert curves[kind][-1]["recall"] == pytest.approx(right.sum() / len(queries)), kind  # every query flagged
+    alone = _reference_verified_ranking(index, 4, ("geometric",))
+    assert image["recall_at_1"] == pytest.approx(np.mean([labels[alone[q][0]] == labels[q] for q in queries]))
     assert f"verified (geometric, fields, shortlist 4): recall@1 {verified['recall_at_1']:.3f}" in said.stdout
     html = (report / "audit.html").read_text()
     assert "verified (geometric, fields, shortlist 4)" in html and 'alt="precision against recall"' in html
@@ -319,8 +323,14 @@ def test_the_verified_report_renders_in_a_headless_browser(cli, both_index, tmp_
     page = browser_page(report / "audit.html")
     figures = json.loads((report / "audit.json").read_text())["retrieval"]
     table = {row[0]: row[1:] for row in page["retrieval"]}
-    assert table["figure"] == ["embedding", "verified (geometric, fields, shortlist 10)"]
-    assert table["recall@1"] == [f"{figures['recall_at_1']:.3f}", f"{figures['verified']['recall_at_1']:.3f}"]
+    assert table["figure"] == [
+        "embedding",
+        "verified (geometric, fields, shortlist 10)",
+        "verified (geometric, shortlist 10): a bare image",
+    ]
+    verified = figures["verified"]
+    shown = [figures["recall_at_1"], verified["recall_at_1"], verified["image"]["recall_at_1"]]
+    assert table["recall@1"] == [f"{value:.3f}" for value in shown]
     plot = next(image for image in page["images"] if image["alt"] == "precision against recall")
     assert plot["complete"] and plot["width"] > 100
 

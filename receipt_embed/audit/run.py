@@ -324,6 +324,12 @@ def summary(figures: dict) -> str:
             f"recall@1 {_num(verified['recall_at_1'])}, recall@5 {_num(verified['recall_at_5'])}, "
             f"recall@10 {_num(verified['recall_at_10'])}, mAP {_num(verified['map'])}"
         )
+        if "image" in verified:
+            image = verified["image"]
+            lines.append(
+                f"verified, a bare image ({', '.join(image['verifiers'])}): recall@1 {_num(image['recall_at_1'])}, "
+                f"mAP {_num(image['map'])}"
+            )
     for name, s in figures["shortcuts"].items():
         cross = retrieval["cross_attribute"][name]
         cross_text = (

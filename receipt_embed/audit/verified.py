@@ -27,8 +27,10 @@ def verified_figures(
     progress: bool = False,
 ) -> tuple[dict, dict]:
     """``retrieval.verified`` (the embedding retrieval's keys on the verified ranking, with
-    ``shortlist``, ``verifiers`` and ``seconds``) and the precision-recall curves by score kind.
-    ``attributes``: name -> value per item, for cross-attribute recall@1."""
+    ``shortlist``, ``verifiers`` and ``seconds``; under ``image``, the same with only the verifiers
+    that read the image, as a bare query image is judged, when some verifiers read rows) and the
+    precision-recall curves by score kind. ``attributes``: name -> value per item, for
+    cross-attribute recall@1."""
     import faiss
 
     from receipt_embed.evaluation.retrieval import l2_normalise
@@ -49,23 +51,30 @@ def verified_figures(
     flat = faiss.IndexFlatIP(x.shape[1])
     flat.add(x)
     _, deep = flat.search(x, depth)
-    rankings = [_ranking(query, rows[query], verified[query], deep[query]) for query in range(len(x))]
     counts = np.bincount(labels)
     queries = counts[labels] > 1
-    retrieval: dict = {"n_queries": int(queries.sum())}
-    for k in ks:
-        hits = [bool(np.any(labels[ranking[:k]] == labels[q])) for q, ranking in enumerate(rankings) if queries[q]]
-        retrieval[f"recall_at_{k}"] = float(np.mean(hits)) if hits else None
-    retrieval["map"] = _mean_average_precision(x, labels, queries, rankings, shortlist)
-    retrieval["cross_attribute"] = {
-        name: _cross_recall(labels, values, rankings, groups, name) for name, values in attributes.items()
-    }
-    retrieval.update(shortlist=shortlist, verifiers=list(checks), seconds=round(time.monotonic() - started, 3))
+
+    def figures_of(scores: np.ndarray, names: list[str]) -> dict:
+        rankings = [_ranking(query, rows[query], scores[query], deep[query]) for query in range(len(x))]
+        retrieval: dict = {"n_queries": int(queries.sum())}
+        for k in ks:
+            hits = [bool(np.any(labels[r[:k]] == labels[q])) for q, r in enumerate(rankings) if queries[q]]
+            retrieval[f"recall_at_{k}"] = float(np.mean(hits)) if hits else None
+        retrieval["map"] = _mean_average_precision(x, labels, queries, rankings, shortlist)
+        retrieval["cross_attribute"] = {
+            name: _cross_recall(labels, values, rankings, groups, name) for name, values in attributes.items()
+        }
+        return {**retrieval, "shortlist": shortlist, "verifiers": names}
+
+    retrieval = figures_of(verified, list(checks))
     positives = int(np.sum(queries))
     scored = {"embedding": best_neighbours(index_dir), "verified": best_verified(rows, verified)}
     image = [name for name, (verifier, _) in checks.items() if getattr(verifier, "needs_image", True) is not False]
     if image and len(image) < len(checks):  # as calibrate: a bare query image is scored by these alone
-        scored["verified_image"] = best_verified(rows, fused(rows, per, image))
+        image_scores = fused(rows, per, image)
+        retrieval["image"] = figures_of(image_scores, image)
+        scored["verified_image"] = best_verified(rows, image_scores)
+    retrieval["seconds"] = round(time.monotonic() - started, 3)
     curves = {
         kind: thinned(pr_curve(scores, labels[best] == labels, positives)) for kind, (scores, best) in scored.items()
     }

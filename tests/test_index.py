@@ -419,7 +419,7 @@ def test_unusable_inputs_are_clear_errors(cli, trained, heldout_index, tmp_path)
     result = cli("search", heldout_index, query, "--out", tmp_path / "p.csv")
     assert result.returncode == 2 and "--out is for --all-pairs" in result.stderr
     result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.9", "--out", tmp_path / "p.csv", "--k", "3")
-    assert result.returncode == 2 and "--k apply to image queries" in result.stderr
+    assert result.returncode == 2 and "--k applies to image queries" in result.stderr
     result = cli("search", heldout_index, "--all-pairs", "--threshold", "0.9", "--out", "-", "--json")
     assert result.returncode == 2 and "--all-pairs --json prints the summary to standard output" in result.stderr
     result = cli("search", heldout_index, query, note, tmp_path / "gone.jpg")
@@ -774,7 +774,7 @@ def test_attack_round_20_k4_limit_errors_name_the_search_options(cli, trained, h
     result = cli(
         "search", heldout_index, "--all-pairs", "--threshold", "1", "--out", tmp_path / "p.csv", "--max-pixels", "9"
     )
-    assert result.returncode == 2 and "--max-pixels apply to image queries, not to --all-pairs" in result.stderr
+    assert result.returncode == 2 and "--max-pixels applies to image queries, not to --all-pairs" in result.stderr
 
 
 def test_attack_round_22_mc2_pairs_csv_cells_cannot_run_a_formula_or_reorder_text(tmp_path):

@@ -104,6 +104,7 @@ def test_one_receipt_agrees_a_sibling_differs_and_no_shared_field_is_no_evidence
         "agree": ["date", "total", "receipt_number", "merchant"],
         "differ": [],
         "abstain": False,
+        "veto": False,
     }
     sibling = {**receipt, "date": "26/12/2018", "total": "12.40"}
     assert _scored(verifier, receipt, sibling) == {
@@ -111,10 +112,18 @@ def test_one_receipt_agrees_a_sibling_differs_and_no_shared_field_is_no_evidence
         "agree": ["receipt_number", "merchant"],
         "differ": ["date", "total"],
         "abstain": False,
+        "veto": True,  # a differing printed field: another receipt, whatever the images say
         "read_as": ["date 2018-12-25 / 2018-12-26", "total 9 / 12.4"],  # the normalised values that differ
     }
+    assert _scored(FieldsVerifier(veto=False), receipt, sibling)["veto"] is False
     # no shared field: no evidence, left out of the verified score
-    assert _scored(verifier, receipt, {"path": "x.jpg"}) == {"score": 0.5, "agree": [], "differ": [], "abstain": True}
+    assert _scored(verifier, receipt, {"path": "x.jpg"}) == {
+        "score": 0.5,
+        "agree": [],
+        "differ": [],
+        "abstain": True,
+        "veto": False,
+    }
     assert _scored(verifier, {"date": "not a date"}, {"date": "25/12/2018"})["score"] == 0.5  # unreadable: no evidence
 
 

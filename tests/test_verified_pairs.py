@@ -197,11 +197,15 @@ def test_a_query_with_its_fields_is_judged_on_every_verifier(cli, both_index, tm
     for hit in own["neighbours"]:
         agrees = index.items[hit["row"]]["merchant"] == item["merchant"]
         assert hit["verified"]["fields"]["score"] == (1.0 if agrees else 0.0)
-        assert hit["verified"]["score"] == pytest.approx(
-            (hit["verified"]["geometric"]["score"] + hit["verified"]["fields"]["score"]) / 2, abs=1e-6
-        )
+        assert hit["verified"]["fields"]["veto"] is not agrees
+        # agreeing: the mean of both; a differing shop vetoes the pair, whatever the geometry says
+        expected = (hit["verified"]["geometric"]["score"] + 1.0) / 2 if agrees else 0.0
+        assert hit["verified"]["score"] == pytest.approx(expected, abs=1e-6)
     other = json.loads(cli(*common, "--field", "merchant=NO SUCH SHOP").stdout)[0]
     assert all(hit["verified"]["fields"]["score"] == 0.0 for hit in other["neighbours"])
+    assert all(hit["verified"]["score"] == 0.0 for hit in other["neighbours"])
+    table = cli("search", both_index, item["path"], "--verify", "-k", "1", "--field", "merchant=NO SUCH SHOP").stdout
+    assert "fields 0.000, vetoes the pair (agree [], differ [merchant]" in table
 
 
 def test_calibration_keeps_the_image_alone_apart_and_search_picks_the_one_it_is(cli, both_index, tmp_path):

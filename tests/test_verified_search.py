@@ -424,6 +424,21 @@ def test_a_verifier_without_evidence_is_left_out_of_the_verified_score():
     assert verified_score([{"score": 0.5, "abstain": True}]) is None  # no evidence: no score at all
 
 
+def test_a_veto_makes_the_verified_score_zero_whatever_the_others_say():
+    from receipt_embed.indexing.verification import fused, verified_score
+
+    assert verified_score([{"score": 0.9}, {"score": 0.0, "veto": True}]) == 0.0
+    assert verified_score([{"score": 0.9}, {"score": 0.0, "veto": False}]) == 0.45
+    assert verified_score([{"score": 0.9}, {"score": 0.5, "abstain": True, "veto": True}]) == 0.9  # no evidence
+    rows = np.array([[1, 2, -1]])
+    per = {
+        "geometric": (np.array([[0.9, 0.8, 0.0]]), np.zeros((1, 3), bool), np.zeros((1, 3), bool)),
+        "fields": (np.array([[0.0, 1.0, 0.0]]), np.zeros((1, 3), bool), np.array([[True, False, False]])),
+    }
+    assert fused(rows, per, ["geometric", "fields"]).tolist() == [[0.0, 0.9, -np.inf]]
+    assert fused(rows, per, ["geometric"]).tolist() == [[0.9, 0.8, -np.inf]]  # a veto only counts when selected
+
+
 def test_a_verifier_result_is_checked_before_it_is_used():
     from receipt_embed.errors import BadInput
     from receipt_embed.indexing.verification import score_figures
@@ -440,6 +455,7 @@ def test_a_verifier_result_is_checked_before_it_is_used():
         ({"score": 1.5}, "must be a number in [0, 1]"),
         ({"score": 0.5, "abstain": "yes"}, "returned abstain='yes': it must be true or false"),
         ({"score": 0.5, "abstain": 1}, "returned abstain=1"),
+        ({"score": 0.0, "veto": "no"}, "returned veto='no': it must be true or false"),
     ):
         with pytest.raises(BadInput, match=re.escape(said)):
             score_figures("v", bad)
@@ -456,6 +472,7 @@ def test_pairs_on_which_every_verifier_abstained_are_never_flagged():
         "fields": (
             np.array([[1.0, 0.5], [0.5, 0.0], [0.0, 0.5]]),
             np.array([[False, True], [True, True], [False, True]]),
+            np.zeros((3, 2), bool),
         )
     }
     verified = fused(rows, per, ["fields"])

@@ -63,11 +63,13 @@ def _verifier_figures(verified: dict) -> str:
     for name, figures in verified.items():
         if name == "score":
             continue
-        shown = {key: value for key, value in figures.items() if key not in ("score", "abstain")}
+        shown = {key: value for key, value in figures.items() if key not in ("score", "abstain", "veto")}
         if figures.get("abstain"):  # no evidence either way: its figures (nothing agreed, nothing differed) say nothing
             shown = {}
         extras = ", ".join(f"{printable(key)} {_figure(value)}" for key, value in shown.items())
         score = "abstained (nothing to compare)" if figures.get("abstain") else f"{figures['score']:.3f}"
+        if figures.get("veto") and not figures.get("abstain"):
+            score += ", vetoes the pair"
         parts.append(f"{printable(name)} {score}" + (f" ({extras})" if extras else ""))
     return "; ".join(parts)
 

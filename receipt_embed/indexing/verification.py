@@ -4,9 +4,11 @@ A verifier is built with the parameters recorded in ``index.json`` (the gallery'
 extracted with them: a query extracted otherwise would not compare), runs ``extract`` on the
 query once, and ``score`` against each shortlisted item's stored data. The verified score is the
 mean of the verifiers' scores (each in [0, 1]) that had evidence; the shortlist is re-ranked by it,
-ties kept in embedding order. A pair on which every verifier abstained (the fields verifier when the
-two captures share no field, and no other verifier selected) has no verified score: it ranks after
-the scored ones and is never judged a duplicate.
+ties kept in embedding order. A verifier may *veto* a pair (the fields verifier when a printed
+field both captures carry differs: another receipt, however alike the images look): its verified
+score is then 0 whatever the others say, so no threshold makes it a duplicate. A pair on which every
+verifier abstained (the fields verifier when the two captures share no field, and no other verifier
+selected) has no verified score: it ranks after the scored ones and is never judged a duplicate.
 """
 
 from __future__ import annotations
@@ -132,7 +134,10 @@ def shortlist_scores(index_dir: IndexDir, checks: dict, shortlist: int, registry
     vectors = index_dir.embeddings
     _, ids = knn(vectors, shortlist)  # the query itself dropped, wherever ties place it
     rows = np.full((len(vectors), shortlist), -1, dtype=np.int64)
-    per = {name: (np.zeros(rows.shape), np.ones(rows.shape, dtype=bool)) for name in checks}
+    per = {
+        name: (np.zeros(rows.shape), np.ones(rows.shape, dtype=bool), np.zeros(rows.shape, dtype=bool))
+        for name in checks
+    }
     with tqdm(
         total=len(vectors), desc="verifying shortlists", unit="item", disable=not progress, file=sys.stderr
     ) as bar:
@@ -143,36 +148,45 @@ def shortlist_scores(index_dir: IndexDir, checks: dict, shortlist: int, registry
                 for name, (verifier, data) in checks.items():
                     with plugin_errors(registry, "verifier", name, f"scoring rows {query} and {row}"):
                         result = score_figures(name, verifier.score(data.item(query), data.item(row)))
-                    abstained = bool(result.get("abstain"))
-                    per[name][0][query, n], per[name][1][query, n] = 0.0 if abstained else result["score"], abstained
+                    scores, abstains, vetoes = per[name]
+                    abstains[query, n] = bool(result.get("abstain"))
+                    scores[query, n] = 0.0 if abstains[query, n] else result["score"]
+                    vetoes[query, n] = bool(result.get("veto")) and not abstains[query, n]
             bar.update()
     return rows, per
 
 
 def fused(rows: np.ndarray, per: dict, names) -> np.ndarray:
     """The verified score (:func:`verified_score`) of the verifiers ``names`` for each shortlisted
-    pair of :func:`shortlist_scores`; -inf where a shortlist slot is empty or every verifier
-    abstained (no evidence: ranked last, never flagged)."""
-    total, counted = np.zeros(rows.shape), np.zeros(rows.shape)
+    pair of :func:`shortlist_scores`; 0 where one of them vetoed the pair; -inf where a shortlist
+    slot is empty or every verifier abstained (no evidence: ranked last, never flagged)."""
+    total, counted, vetoed = np.zeros(rows.shape), np.zeros(rows.shape), np.zeros(rows.shape, dtype=bool)
     for name in names:
-        scores, abstained = per[name]
+        scores, abstained, vetoes = per[name]
         total += np.where(abstained, 0.0, scores)
         counted += ~abstained
+        vetoed |= vetoes
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where(counted > 0, total / np.maximum(counted, 1), -np.inf)
+    out = np.where(vetoed, 0.0, out)
     return np.where(rows >= 0, out, -np.inf)
 
 
 def verified_score(results) -> float | None:
     """The mean score of the verifiers that had evidence: a result with ``abstain`` true (the fields
-    verifier when the two captures share no field) is left out; None when every one abstains."""
-    scores = [float(result["score"]) for result in results if not result.get("abstain")]
-    return float(np.mean(scores)) if scores else None
+    verifier when the two captures share no field) is left out; None when every one abstains. 0
+    when one that had evidence vetoed the pair (``veto`` true: certainly another receipt)."""
+    counted = [result for result in results if not result.get("abstain")]
+    if not counted:
+        return None
+    if any(result.get("veto") for result in counted):
+        return 0.0
+    return float(np.mean([float(result["score"]) for result in counted]))
 
 
 def score_figures(name: str, result) -> dict:
     """A verifier's result, checked: a dict whose ``score`` is a number in [0, 1] (a Python or
-    numpy int or float) and whose ``abstain``, when given, is true or false."""
+    numpy int or float) and whose ``abstain`` and ``veto``, when given, are true or false."""
     from receipt_embed.errors import BadInput
 
     value = result.get("score") if isinstance(result, dict) else None
@@ -189,6 +203,11 @@ def score_figures(name: str, result) -> dict:
         raise BadInput(
             f"verifier {quoted(name)} returned abstain={result['abstain']!r}: it must be true or false "
             "(true: no evidence either way, so the verified score leaves this verifier out)"
+        )
+    if "veto" in result and not isinstance(result["veto"], (bool, np.bool_)):
+        raise BadInput(
+            f"verifier {quoted(name)} returned veto={result['veto']!r}: it must be true or false "
+            "(true: certainly another receipt, so the pair's verified score is 0)"
         )
     import json
 

@@ -10,7 +10,12 @@ exactly those. The values come from manifest columns (most teams already have OC
 
 Score: 0 when a field both captures carry differs (another receipt), 1 when every field both
 carry agrees, 0.5 with ``abstain`` when they share none (no evidence either way: the verified
-score, the mean of the verifiers' scores, leaves it out).
+score, the mean of the verifiers' scores, leaves it out). A differing field also *vetoes* the pair
+(``veto``, on by default): its verified score is 0 however alike the images look, since a mean would
+let a same-template sibling with a high geometric score pass a low threshold. Measured on two seeds
+(benchmarks/README.md), the veto keeps every verified pair above 0.2 the same receipt where the mean
+let 13% through, at no cost in recall; turn it off (``--verify-set fields.veto=false``) when the
+manifest's fields are misread often enough that a differing field is no proof.
 """
 
 from __future__ import annotations
@@ -147,10 +152,12 @@ class FieldsVerifier:
     """Compares printed fields taken from manifest columns. fields: the columns compared (a column
     named date, total/amount, receipt_number or merchant gets that kind's normaliser, any other is
     text; a capture without the column, or with a value that does not parse, does not count).
-    day_first: how numeric dates whose year is last are read (25/12/2018, or 12/25/2018)."""
+    day_first: how numeric dates whose year is last are read (25/12/2018, or 12/25/2018).
+    veto: a differing field makes the pair's verified score 0, whatever the other verifiers say."""
 
     fields: list[str] = field(default_factory=lambda: list(DEFAULT_FIELDS))
     day_first: bool = True
+    veto: bool = True
     needs_image = False  # extract() reads the manifest row only
     name = "fields"  # the registered name, for messages (a subclass that reads fields elsewhere renames it)
 
@@ -161,6 +168,8 @@ class FieldsVerifier:
             )
         if not isinstance(self.day_first, bool):
             raise BadInput(f"verifier {self.name}: day_first must be true or false, got {self.day_first!r}")
+        if not isinstance(self.veto, bool):
+            raise BadInput(f"verifier {self.name}: veto must be true or false, got {self.veto!r}")
         self.fields = list(dict.fromkeys(self.fields))
 
     def normalise(self, column: str, value) -> str:
@@ -221,7 +230,7 @@ class FieldsVerifier:
 
     def score(self, query: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict:
         """``score`` (0: a shared field differs; 1: all shared fields agree; 0.5: none shared), with
-        the fields that ``agree`` and ``differ``."""
+        the fields that ``agree`` and ``differ``, and ``veto`` when one differs and ``veto`` is on."""
         agree, differ, read_as = [], [], []
         for column, a, b in zip(self.fields, query["values"].tolist(), candidate["values"].tolist(), strict=False):
             if a and b:
@@ -230,5 +239,11 @@ class FieldsVerifier:
                     read_as.append(f"{column} {a} / {b}")
         score = 0.0 if differ else 1.0 if agree else 0.5
         # no field in common: no evidence, so the verified score leaves this verifier out
-        result = {"score": score, "agree": agree, "differ": differ, "abstain": not (agree or differ)}
+        result = {
+            "score": score,
+            "agree": agree,
+            "differ": differ,
+            "abstain": not (agree or differ),
+            "veto": bool(differ) and self.veto,
+        }
         return {**result, "read_as": read_as} if read_as else result

@@ -374,6 +374,8 @@ class OcrFieldsVerifier(FieldsVerifier):
         on small captures OCR misreads a shop name more often than it reads it right, and one
         misread field makes two captures of a receipt "differ"; see benchmarks/README.md).
     day_first: how numeric dates whose year is last are read (25/12/2018, or 12/25/2018).
+    veto: off by default: OCR misreads a field of a true re-capture often enough (measured in
+        benchmarks/README.md) that a differing read is evidence, not proof.
     long_side: the capture's long side is resized to this many pixels before OCR (default 1024;
         smaller captures are enlarged). The cost grows with it, about as its square.
     min_score: recognitions the engine scores below this are dropped (0.5, RapidOCR's default).
@@ -381,6 +383,7 @@ class OcrFieldsVerifier(FieldsVerifier):
     """
 
     fields: list[str] = field(default_factory=lambda: list(DEFAULT_OCR_FIELDS))
+    veto: bool = False
     long_side: int = 1024
     min_score: float = 0.5
     threads: int = 1

@@ -381,6 +381,21 @@ def test_a_field_no_selected_verifier_compares_is_refused(cli, both_index):
     assert "--field date: no selected verifier compares it (fields compares merchant)" in unread.stderr
 
 
+def test_one_field_alone_is_noted_where_the_verifier_compares_more():
+    from receipt_embed.indexing.verification import check_query_fields
+    from receipt_embed.verification.fields import FieldsVerifier
+
+    checks = {"fields": (FieldsVerifier(fields=["date", "total", "merchant"]), None)}
+    (note,) = check_query_fields(checks, {"date": "25/12/2018"})
+    assert note == (
+        "--field date alone: each pair is judged on that one field, and an agreeing date scores as high as all "
+        "fields agreeing, though other receipts can share it; give total, merchant too where you have them"
+    )
+    assert check_query_fields(checks, {"date": "25/12/2018", "total": "9"}) == []
+    assert check_query_fields({"fields": (FieldsVerifier(fields=["merchant"]), None)}, {"merchant": "x"}) == []
+    assert check_query_fields(checks, None) == []
+
+
 def test_all_pairs_leaves_pairs_without_evidence_unscored_and_unflagged(tmp_path):
     """verify_pairs with the real fields verifier: a pair sharing no field has no verified score
     (NaN, a blank CSV cell), so no threshold flags it."""

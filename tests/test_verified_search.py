@@ -305,7 +305,7 @@ def test_calibrate_stores_thresholds_that_search_uses(cli, verified_index, tmp_p
     stored = load_index_dir(index_dir).meta["calibration"]
     uses = said.stdout.split("uses:\n", 1)[1]
     assert (
-        f"search IMAGE (without --verify), and --all-pairs: the embedding threshold {stored['embedding']['threshold']:.4f}"
+        f"search IMAGE (without --verify), and --all-pairs: the embedding threshold {stored['embedding']['threshold']:g}"
         in uses
     )
     if stored["verified"]["threshold"] is not None:
@@ -369,8 +369,8 @@ def test_calibration_warns_where_its_thresholds_cannot_say_much():
     assert calibration_warnings({"receipts": 40, "embedding": {"flagged": 500}}, 0.99) == []
     record = {"embedding": {"threshold": 0.9}, "verified": {"threshold": 0.5}, "verified_image": {"threshold": None}}
     assert searches_using(record) == [
-        "search IMAGE (without --verify), and --all-pairs: the embedding threshold 0.9000",
-        "search IMAGE --verify --field KEY=VALUE, and --all-pairs --verify: the verified threshold 0.5000",
+        "search IMAGE (without --verify), and --all-pairs: the embedding threshold 0.9",
+        "search IMAGE --verify --field KEY=VALUE, and --all-pairs --verify: the verified threshold 0.5",
     ]
     assert searches_using({"embedding": {"threshold": None}}) == []
 
@@ -406,7 +406,7 @@ def test_an_unreachable_target_is_said_in_words_and_auto_refuses_it(tmp_path):
     )
     chosen = {"threshold": 0.97511, "precision": 0.993, "recall": 0.817, "flagged": 148, "curve": []}
     assert in_words("embedding", chosen, 0.99) == (
-        "embedding: at threshold 0.9751, 81.7% of duplicates caught, 0.7 false alarms per 100 flagged (148 flagged)"
+        "embedding: at threshold 0.97511, 81.7% of duplicates caught, 0.7 false alarms per 100 flagged (148 flagged)"
     )
     index = SimpleNamespace(
         path=tmp_path, meta={"calibration": {"target_precision": 0.99, "embedding": chosen, "verified": entry}}
@@ -528,3 +528,23 @@ def test_a_calibration_with_values_out_of_their_range_is_named_on_load(verified_
     meta["calibration"] = {"target_precision": 0.99, "verified": {**good, "curve": [point]}}
     (edited / "index.json").write_text(json.dumps(meta))
     assert load_index_dir(edited).meta["calibration"]["verified"]["threshold"] == 0.5  # what calibrate writes loads
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        ("0.9,0.95", "'0.9,0.95' is several numbers: give each its own option (--threshold 0.9 --threshold 0.95)"),
+        ("abc", "'abc' is not a number in [-1, 1] or auto"),
+        ("nan", "nan is not a number; give a finite value"),
+        ("1.5", "1.5 is not in the range -1<=x<=1"),
+    ],
+)
+def test_a_threshold_that_is_not_one_number_says_what_to_give(given, said):
+    import click
+
+    from receipt_embed.cli.search import ThresholdType
+
+    with pytest.raises(click.BadParameter, match=re.escape(said)):
+        ThresholdType().convert(given, None, None)
+    assert ThresholdType().convert(" Auto ", None, None) == "auto"
+    assert ThresholdType().convert("-0.25", None, None) == -0.25

@@ -102,7 +102,20 @@ class ThresholdType(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
-        return FiniteFloatRange(-1, 1).convert(value, param, ctx)
+        if isinstance(value, str) and "," in value:
+            parts = [part.strip() for part in value.split(",") if part.strip()]
+            self.fail(
+                f"{value!r} is several numbers: give each its own option "
+                f"({' '.join(f'--threshold {part}' for part in parts)})",
+                param,
+                ctx,
+            )
+        try:
+            return FiniteFloatRange(-1, 1).convert(value, param, ctx)
+        except click.BadParameter as exc:
+            if "not a valid float" in str(exc.message):
+                self.fail(f"{value!r} is not a number in [-1, 1] or auto", param, ctx)
+            raise
 
 
 @click.command()
@@ -267,7 +280,9 @@ def search(
         if verify:  # verifiers and fields checked before any threshold is read: their errors are theirs
             from receipt_embed.indexing.verification import check_query_fields, verifiers_of
 
-            check_query_fields(verifiers_of(loaded_index, list(verifier_names), load_registry(ctx)), query_fields)
+            checks = verifiers_of(loaded_index, list(verifier_names), load_registry(ctx))
+            for note in check_query_fields(checks, query_fields):
+                click.echo(printable(f"Note: {note}"), err=True)
         if all_pairs and not thresholds:  # a calibrated index's threshold, as for image queries
             kind = search_kind(verify, True, loaded_index.meta.get("calibration"))
             if ((loaded_index.meta.get("calibration") or {}).get(kind) or {}).get("threshold") is None:

@@ -156,11 +156,11 @@ def in_words(kind: str, chosen: dict, target: float) -> str:
         kind = f"{kind} ({', '.join(chosen['verifiers'])}{alone})"
     if chosen["threshold"] is None:
         best = max(chosen["curve"], key=lambda point: point["precision"]) if chosen["curve"] else None
-        reached = f" (the best is {best['precision']:.1%} at {best['threshold']:.4f})" if best else ""
+        reached = f" (the best is {best['precision']:.1%} at {best['threshold']:g})" if best else ""
         return f"{kind}: no threshold reaches {target:.1%} precision{reached}"
     false_alarms = (1 - chosen["precision"]) * 100
     return (
-        f"{kind}: at threshold {chosen['threshold']:.4f}, {chosen['recall']:.1%} of duplicates caught, "
+        f"{kind}: at threshold {chosen['threshold']:g}, {chosen['recall']:.1%} of duplicates caught, "
         f"{false_alarms:.1f} false alarms per 100 flagged ({chosen['flagged']} flagged)"
     )
 
@@ -229,7 +229,7 @@ def searches_using(record: dict) -> list[str]:
         line = SEARCHES[kind]
         if kind == "verified" and "verified_image" not in record:
             line = "search IMAGE --verify, and --all-pairs --verify: the verified threshold"
-        lines.append(f"{line} {record[kind]['threshold']:.4f}")
+        lines.append(f"{line} {record[kind]['threshold']:g}")
     return lines
 
 

@@ -53,15 +53,16 @@ def verifiers_of(index_dir: IndexDir, names: list[str], registry) -> dict:
     return checks
 
 
-def check_query_fields(checks: dict, fields: dict | None) -> None:
+def check_query_fields(checks: dict, fields: dict | None) -> list[str]:
     """A query's printed fields (``search --field``) must each be compared by a selected verifier
     of manifest rows (``needs_image`` false; its ``fields`` attribute, when it has one, lists the
     columns it reads), else the field would be dropped silently and the verdict judged on a
-    threshold calibrated for fields that were never compared."""
+    threshold calibrated for fields that were never compared. Returns notes worth a reviewer's eye:
+    one field alone agreeing scores as high as all of them, though many receipts share a date."""
     from receipt_embed.errors import BadInput
 
     if not fields:
-        return
+        return []
     readers = {
         name: verifier for name, (verifier, _) in checks.items() if getattr(verifier, "needs_image", True) is False
     }
@@ -72,7 +73,7 @@ def check_query_fields(checks: dict, fields: dict | None) -> None:
         )
     columns = {name: getattr(verifier, "fields", None) for name, verifier in readers.items()}
     if any(read is None for read in columns.values()):
-        return  # a verifier of rows that does not say which columns it reads may read any
+        return []  # a verifier of rows that does not say which columns it reads may read any
     read = {column for names in columns.values() for column in names}
     unread = [key for key in fields if key not in read]
     if unread:
@@ -81,6 +82,15 @@ def check_query_fields(checks: dict, fields: dict | None) -> None:
             f"--field {', '.join(unread)}: no selected verifier compares {'it' if len(unread) == 1 else 'them'} "
             f"({compared}): give those keys, or index with --verify-set fields.fields=[...]"
         )
+    others = [column for names in columns.values() for column in names if column not in fields]
+    if len(fields) == 1 and others:
+        (key,) = fields
+        return [
+            f"--field {key} alone: each pair is judged on that one field, and an agreeing {key} scores as high as "
+            f"all fields agreeing, though other receipts can share it; give {', '.join(dict.fromkeys(others))} too "
+            "where you have them"
+        ]
+    return []
 
 
 def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limits, fields=None) -> list[dict]:

@@ -40,6 +40,8 @@ class ComponentClash(ComponentError):
 
 # names are typed on the command line (--set loss.name=NAME) and in YAML
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# a search's ``verified`` dict holds the fused ``score`` beside each verifier's figures, by name
+RESERVED_VERIFIER_NAMES = ("score",)
 
 
 @contextlib.contextmanager
@@ -176,6 +178,11 @@ class Registry:
             raise InvalidComponent(
                 f"plugin {quoted(plugin)} registered a {kind} with an invalid name {quoted(name)} "
                 "(letters, digits, '_', '-', '.'; no spaces)"
+            )
+        if kind == "verifier" and name in RESERVED_VERIFIER_NAMES:
+            raise InvalidComponent(
+                f"plugin {quoted(plugin)} registered a verifier named {quoted(name)}: a search's verified figures "
+                f"hold the fused {name} under that key beside each verifier's own, so pick another name"
             )
         if not callable(factory):
             raise InvalidComponent(

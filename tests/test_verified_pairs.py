@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import builtin_registry, run_cli, train_tiny
+from conftest import REPO, builtin_registry, run_cli, train_tiny
 
+from receipt_embed.errors import BadInput
 from receipt_embed.indexing import load_index_dir
 from receipt_embed.indexing.pairs import (
     PAIR_COLUMNS,
@@ -416,3 +419,141 @@ def test_all_pairs_leaves_pairs_without_evidence_unscored_and_unflagged(tmp_path
     written = list(pair_rows(SimpleNamespace(items=items), a, b, np.ones(4, dtype=np.float32), scores))
     assert [row[len(PAIR_COLUMNS)] for row in written] == ["1.000000", "", "", ""]
     assert summarise(scores["score"], np.ones(4, dtype=np.int8), [0.0], 6)[0]["pairs"] == 1
+
+
+def _geometric_checks(paths):
+    """The real geometric verifier's data of ``paths``, as an index stores it."""
+    from receipt_embed.images import DEFAULT_MAX_PIXELS, decode_image
+    from receipt_embed.indexing.verifier_data import pack
+    from receipt_embed.verification.geometric import GeometricVerifier
+
+    verifier = GeometricVerifier(keypoints=400)
+    images = [np.asarray(decode_image(Path(p).read_bytes(), DEFAULT_MAX_PIXELS, name=str(p)).image) for p in paths]
+    return verifier, pack("geometric", [verifier.extract(image) for image in images], lambda row: paths[row])
+
+
+def test_a_bare_image_is_judged_on_the_image_verifiers_alone():
+    """A verifier of manifest rows has nothing of a bare query image: it abstains without being
+    asked, so the verified score is the image verifiers' (what verified_image was calibrated on)."""
+    from types import SimpleNamespace
+
+    from receipt_embed.indexing.verification import check_pairs
+    from receipt_embed.userfiles import DEFAULT_MAX_BYTES
+    from receipt_embed.verification.fields import FieldsVerifier
+
+    class Eager(FieldsVerifier):  # a verifier of rows that never abstains, even on an empty row
+        def score(self, query, candidate):
+            return {"score": 1.0}
+
+    images = REPO / "data_samples" / "images"
+    paths = [str(images / "r0000_phone_a.jpg"), str(images / "r0000_phone_b.jpg")]
+    geometric, data = _geometric_checks(paths)
+    rows = Eager(fields=["merchant"])
+    row_data = SimpleNamespace(item=lambda row: rows.extract(None, {"merchant": "Shop"}))
+    checks = {"geometric": (geometric, data), "fields": (rows, row_data)}
+    hit = {"row": 1, "path": paths[1], "similarity": 0.9, "same_file": False}
+    limits = (10_000_000, DEFAULT_MAX_BYTES)
+    (bare,) = check_pairs(checks, builtin_registry(), paths[0], [hit], limits)
+    assert bare["verified"]["fields"] == {"score": None, "abstain": True}
+    assert bare["verified"]["score"] == bare["verified"]["geometric"]["score"] > 0
+    (given,) = check_pairs(checks, builtin_registry(), paths[0], [hit], limits, {"merchant": "Shop"})
+    assert given["verified"]["score"] == pytest.approx((given["verified"]["geometric"]["score"] + 1.0) / 2, abs=1e-6)
+
+
+def test_an_auto_threshold_judges_only_the_verifiers_it_was_calibrated_on(tmp_path):
+    from types import SimpleNamespace
+
+    from receipt_embed.indexing import IndexDirError
+    from receipt_embed.indexing.calibration import calibrated_threshold
+
+    calibration = {
+        "verified": {"threshold": 0.5, "verifiers": ["geometric", "fields"]},
+        "verified_image": {"threshold": 0.9, "verifiers": ["geometric"]},
+    }
+    index = SimpleNamespace(
+        path=tmp_path, meta={"calibration": calibration, "verifiers": {"geometric": {}, "fields": {}, "odd": {}}}
+    )
+    assert calibrated_threshold(index, "verified", ["geometric", "fields"]) == 0.5
+    assert calibrated_threshold(index, "verified_image", ["geometric", "fields"]) == 0.9  # fields abstain on it
+    with pytest.raises(IndexDirError, match="calibrated with geometric, fields, and this search adds odd, so its"):
+        calibrated_threshold(index, "verified", ["geometric", "fields", "odd"])
+    with pytest.raises(IndexDirError, match="calibrated with geometric, and this search adds odd"):
+        calibrated_threshold(index, "verified_image", ["geometric", "odd"])
+    with pytest.raises(IndexDirError, match="this search leaves out fields"):
+        calibrated_threshold(index, "verified", ["geometric"])
+
+
+def test_a_query_field_the_verifier_cannot_read_is_refused():
+    from receipt_embed.errors import BadInput
+    from receipt_embed.indexing.verification import check_query_fields
+    from receipt_embed.verification.fields import FieldsVerifier
+
+    checks = {"fields": (FieldsVerifier(fields=["date", "total"]), None)}
+    for key, value in (("total", "NaN"), ("date", "99/99/9999")):
+        with pytest.raises(
+            BadInput, match=re.escape(f"--field {key}={value}: verifier fields does not read it as a {key}")
+        ):
+            check_query_fields(checks, {"date": "25/12/2018", "total": "9", key: value})
+
+
+def test_a_check_data_that_crashes_is_the_plugins_failure_not_the_files(tmp_path):
+    from types import SimpleNamespace
+
+    from receipt_embed.indexing import IndexDirError
+    from receipt_embed.indexing.verification import verifiers_of
+    from receipt_embed.registry import ComponentError, Registry
+
+    class Checked:
+        def __init__(self, mode):
+            self.mode = mode
+
+        def extract(self, image, item=None):
+            return {}
+
+        def score(self, query, candidate):
+            return {"score": 0.5}
+
+        def check_data(self, data):
+            if self.mode == "crash":
+                raise RuntimeError("boom")
+            raise BadInput("holds 3 values a capture, where 2 are read")
+
+    registry = Registry()
+    registry.add("verifier", "thirdparty", "checked", Checked)
+    for mode, error, said in (
+        ("crash", ComponentError, "verifier 'checked' (from plugin 'thirdparty') failed while checking verifier-checked.npz: RuntimeError: boom"),
+        ("refuse", IndexDirError, "verifier-checked.npz is not what verifier 'checked' (with the params index.json records) reads: holds 3"),
+    ):  # fmt: skip
+        index = SimpleNamespace(
+            path=tmp_path,
+            meta={"verifiers": {"checked": {"params": {"mode": mode}, "file": "verifier-checked.npz"}}},
+            verifiers={"checked": None},
+        )
+        with pytest.raises(error, match=re.escape(said)) as raised:
+            verifiers_of(index, [], registry)
+        assert ("rebuild it" in str(raised.value)) is (mode == "refuse")
+
+
+def test_a_verifier_cannot_be_named_score():
+    from receipt_embed.registry import InvalidComponent, Registry
+
+    with pytest.raises(InvalidComponent, match="registered a verifier named 'score': a search's verified figures"):
+        Registry().add("verifier", "thirdparty", "score", dict)
+    Registry().add("loss", "thirdparty", "score", dict)  # only the verifiers' figures sit beside the fused score
+
+
+def test_geometric_data_from_other_params_is_refused():
+    from receipt_embed.indexing.verifier_data import pack
+    from receipt_embed.verification.geometric import GeometricVerifier
+
+    images = REPO / "data_samples" / "images"
+    paths = [str(images / "r0000_phone_a.jpg")]
+    verifier, data = _geometric_checks(paths)
+    verifier.check_data(data)  # as extracted: accepted
+    with pytest.raises(BadInput, match=r"page size is .* where its params extract pages of 1 to 64 \(long_side\)"):
+        GeometricVerifier(long_side=64).check_data(data)
+    item = data.item(0)
+    item["points"] = item["points"].copy()
+    item["points"][0, 0] = np.nan
+    with pytest.raises(BadInput, match="some point lies outside every page extract gives"):
+        verifier.check_data(pack("geometric", [item], lambda row: paths[row]))

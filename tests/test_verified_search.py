@@ -362,8 +362,8 @@ def test_a_calibration_is_not_written_onto_an_index_replaced_meanwhile(verified_
 def test_calibration_warns_where_its_thresholds_cannot_say_much():
     from receipt_embed.indexing.calibration import calibration_warnings, searches_using
 
-    one = calibration_warnings({"receipts": 1, "embedding": {"flagged": 500}}, 0.99)
-    assert len(one) == 1 and "every capture is of one receipt" in one[0]
+    (low,) = calibration_warnings({"receipts": 40, "embedding": {"flagged": 500}}, 1e-300)
+    assert low.startswith("--target-precision 1e-300 accepts more false alarms than duplicates")
     strict = calibration_warnings({"receipts": 40, "embedding": {"flagged": 500}}, 1.0)
     assert len(strict) == 1 and "--target-precision 1 picks the lowest threshold" in strict[0]
     assert calibration_warnings({"receipts": 40, "embedding": {"flagged": 500}}, 0.99) == []
@@ -373,6 +373,17 @@ def test_calibration_warns_where_its_thresholds_cannot_say_much():
         "search IMAGE --verify --field KEY=VALUE, and --all-pairs --verify: the verified threshold 0.5",
     ]
     assert searches_using({"embedding": {"threshold": None}}) == []
+
+
+def test_calibrate_refuses_an_index_of_one_receipt(tmp_path):
+    from types import SimpleNamespace
+
+    from receipt_embed.errors import BadInput
+    from receipt_embed.indexing.calibration import calibrate
+
+    index = SimpleNamespace(path=tmp_path, items=[{"receipt_id": "r1"}] * 4, count=4, meta={})
+    with pytest.raises(BadInput, match="every capture is of one receipt, so no flag could be a false alarm"):
+        calibrate(index)
 
 
 def test_calibrate_refuses_an_index_it_cannot_calibrate(cli, tmp_path):
@@ -548,3 +559,16 @@ def test_a_threshold_that_is_not_one_number_says_what_to_give(given, said):
         ThresholdType().convert(given, None, None)
     assert ThresholdType().convert(" Auto ", None, None) == "auto"
     assert ThresholdType().convert("-0.25", None, None) == -0.25
+
+
+def test_a_malformed_calibration_says_how_to_replace_it_and_calibrate_does(cli, verified_index, tmp_path):
+    index_dir = tmp_path / "edited"
+    shutil.copytree(verified_index, index_dir)
+    meta = json.loads((index_dir / "index.json").read_text())
+    meta["calibration"] = {"verified": {"threshold": 1.5}}
+    (index_dir / "index.json").write_text(json.dumps(meta))
+    with pytest.raises(IndexDirError, match=re.escape(f"run `receipt-embed calibrate {index_dir}` to replace")):
+        load_index_dir(index_dir)
+    said = cli("calibrate", index_dir, "--target-precision", "0.9")
+    assert said.returncode == 0, said.stderr
+    assert load_index_dir(index_dir).meta["calibration"]["target_precision"] == 0.9

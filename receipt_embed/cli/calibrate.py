@@ -42,7 +42,7 @@ def calibrate(ctx, index_dir, target_precision, shortlist, as_json):
     from receipt_embed.registry import ComponentError
 
     try:
-        index = load_index_dir(index_dir)
+        index = load_index_dir(index_dir, check_calibration=False)  # the block it replaces may be malformed
         registry = load_registry(ctx) if index.meta.get("verifiers") else None
         record = calibrated(index, registry, target_precision, shortlist)
         write_calibration(index_dir, record, calibrated=index.meta)

@@ -22,7 +22,7 @@ from receipt_embed.display import printable, spreadsheet_safe, utf8_safe
 from receipt_embed.errors import BadInput
 
 
-def _print_results(results: list[dict], threshold, threshold_kind: str | None = None) -> None:
+def _print_results(results: list[dict], threshold, threshold_kind: str | None = None, fields=None) -> None:
     """The table; values from the index are escaped, so none can print a line of its own."""
     for result in results:
         click.echo(printable(result["query"]))
@@ -31,10 +31,16 @@ def _print_results(results: list[dict], threshold, threshold_kind: str | None = 
         if threshold is not None:
             match = result["match"]
             source = "" if threshold_kind in (None, "given") else f", the calibrated {threshold_kind} threshold"
-            if result["duplicate"] is None:
+            if result.get("no_other_capture"):
+                verdict = "no duplicate (the index holds no other capture)"
+            elif result["duplicate"] is None:
+                hint = (
+                    "no indexed capture near it carries the fields given"
+                    if fields
+                    else "a verifier of printed fields needs the query's: give --field KEY=VALUE"
+                )
                 verdict = (
-                    "no verdict: every verifier abstained on every other capture (no evidence either way; "
-                    "a verifier of printed fields needs the query's: give --field KEY=VALUE)"
+                    f"no verdict: every verifier abstained on every other capture (no evidence either way; {hint})"
                 )
             elif match:
                 verdict = (
@@ -341,7 +347,7 @@ def search(
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
-        _print_results(results, threshold, results[0].get("threshold_kind") if results else None)
+        _print_results(results, threshold, results[0].get("threshold_kind") if results else None, query_fields)
 
 
 def _parsed_fields(given) -> dict:
@@ -478,7 +484,7 @@ def _all_pairs(
 
     def write(handle, on_terminal=False):
         writer = _NewlineRows(handle)
-        writer.writerow(columns)
+        writer.writerow(terminal_safe(columns, on_terminal))  # a manifest column named =cmd is a header cell
         for row in pairs.pair_rows(index_dir, a, b, sims, verified, extras):
             writer.writerow(terminal_safe(row, on_terminal))
 

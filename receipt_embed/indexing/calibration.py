@@ -106,6 +106,11 @@ def calibrate(index_dir: IndexDir, registry=None, target_precision: float = 0.99
     labels = np.unique(np.array(receipts), return_inverse=True)[1]
     captures = np.bincount(labels)
     positives = int(np.sum(captures[labels] >= 2))
+    if len(captures) == 1:
+        raise BadInput(
+            f"{index_dir.path}: every capture is of one receipt, so no flag could be a false alarm and precision "
+            "would be 1 at any threshold: calibrate on captures of many receipts"
+        )
     if positives == 0:
         raise BadInput(
             f"{index_dir.path}: no receipt has two captures, so no duplicate can be found: "
@@ -194,14 +199,13 @@ def few_flags(record: dict, target: float) -> list[str]:
 
 def calibration_warnings(record: dict, target: float) -> list[str]:
     """What a reviewer should know before trusting the stored thresholds: too few flags to show the
-    target (:func:`few_flags`), a single receipt (no capture can be a false alarm, so precision is
-    1 whatever the threshold), and a target of 1 (no false alarm among these captures is not none
-    among the next)."""
+    target (:func:`few_flags`), a target below 0.5 (more false alarms than duplicates), and a target
+    of 1 (no false alarm among these captures is not none among the next)."""
     warnings = []
-    if record.get("receipts") == 1:
+    if target < 0.5:
         warnings.append(
-            "every capture is of one receipt, so no flag can be a false alarm and precision is 1 at any "
-            "threshold: these thresholds say nothing; calibrate on captures of many receipts"
+            f"--target-precision {target:g} accepts more false alarms than duplicates among the flags: a "
+            "reviewer's threshold is usually 0.95 or more"
         )
     elif target >= 1:
         warnings.append(
@@ -244,8 +248,8 @@ def search_kind(verify: bool, with_fields: bool, calibration: dict | None) -> st
 
 def calibrated_threshold(index_dir: IndexDir, kind: str, verifiers: list[str] | None = None) -> float:
     """The threshold ``calibrate`` stored for ``kind`` (:data:`KINDS`); ``verifiers``: those the
-    search uses (all the index stores when empty), which must include every one the threshold was
-    calibrated on."""
+    search uses (all the index stores when empty), which must be the ones the threshold was
+    calibrated on (a bare image's search may add the verifiers of manifest rows: they abstain on it)."""
     from receipt_embed.indexing.index_dir import IndexDirError
 
     calibration = index_dir.meta.get("calibration")
@@ -256,13 +260,19 @@ def calibrated_threshold(index_dir: IndexDir, kind: str, verifiers: list[str] | 
             f"{index_dir.path}`{' (after `index --verify`)' if kind != 'embedding' else ''}, or give --threshold T"
         )
     used = list(verifiers or (index_dir.meta.get("verifiers") or {}))
-    missing = [name for name in calibration[kind].get("verifiers", []) if name not in used]
-    if missing:
+    calibrated = list(calibration[kind].get("verifiers", []))
+    missing = [name for name in calibrated if name not in used]
+    # a bare image's search leaves out the verifiers of manifest rows (they abstain on it): those
+    # ``verified`` was calibrated with beside the image ones are not extra there
+    rows_only = set((calibration.get("verified") or {}).get("verifiers", [])) - set(calibrated)
+    extra = [name for name in used if name not in calibrated and not (kind == "verified_image" and name in rows_only)]
+    if kind != "embedding" and (missing or extra):
+        change = f"leaves out {', '.join(missing)}" if missing else f"adds {', '.join(extra)}"
         raise IndexDirError(
             f"--threshold auto (the default once an index is calibrated): the {kind} threshold of {index_dir.path} "
-            "was calibrated with "
-            f"{', '.join(calibration[kind]['verifiers'])}, and this search leaves out {', '.join(missing)}; "
-            "drop --verifier, or give --threshold T"
+            f"was calibrated with {', '.join(calibrated) or 'no verifier'}, and this search {change}, so its "
+            "scores are not the ones calibrated; drop --verifier, run `receipt-embed calibrate` again, or give "
+            "--threshold T"
         )
     threshold = calibration[kind].get("threshold")
     if threshold is None:

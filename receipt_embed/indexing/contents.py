@@ -49,8 +49,9 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_meta_types(meta: dict, meta_path: Path, error) -> None:
-    """Raise ``error`` naming the first key of index.json whose value has the wrong type."""
+def check_meta_types(meta: dict, meta_path: Path, error, check_calibration: bool = True) -> None:
+    """Raise ``error`` naming the first key of index.json whose value has the wrong type
+    (``check_calibration`` false: all but the ``calibration`` block, which ``calibrate`` replaces)."""
 
     def bad(*keys: str, wanted: str):
         value = meta
@@ -83,7 +84,13 @@ def check_meta_types(meta: dict, meta_path: Path, error) -> None:
     if meta.get("features") not in FEATURES:
         raise bad("features", wanted='null, "backbone" or "head"')
     _check_files_entry(meta, bad)
-    _check_calibration_entry(meta, bad)
+    if check_calibration:
+
+        def bad_calibration(*keys: str, wanted: str):
+            found = bad(*keys, wanted=wanted)
+            return error(f"{found}; run `receipt-embed calibrate {meta_path.parent}` to replace the calibration")
+
+        _check_calibration_entry(meta, bad_calibration)
     for key in SOURCE_STRINGS:
         if key in meta["source"] and not isinstance(meta["source"][key], str):
             raise bad("source", key, wanted="a string")

@@ -183,7 +183,7 @@ def write_calibration(path: str | Path, record: dict, calibrated: dict | None = 
 
     path = Path(path)
     with write_lock(path):
-        meta = read_meta(path)
+        meta = read_meta(path, check_calibration=False)  # a malformed block is what this replaces
         if calibrated is not None and _identity(meta) != _identity(calibrated):
             raise IndexDirError(
                 f"{path} was replaced while it was being calibrated (its index.json changed): nothing was "
@@ -199,7 +199,9 @@ def _identity(meta: dict) -> dict:
     return {key: value for key, value in meta.items() if key != "calibration"}
 
 
-def read_meta(path: str | Path) -> dict:
+def read_meta(path: str | Path, check_calibration: bool = True) -> dict:
+    """index.json, checked (``check_calibration`` false: all but the calibration block, for
+    ``calibrate``, which replaces it)."""
     path = Path(path)
     meta_path = path / META_FILE
     if not path.exists():
@@ -249,7 +251,7 @@ def read_meta(path: str | Path) -> dict:
     missing += [f"source.{key}" for key in wanted.get(kind, ("kind",)) if key not in source]
     if missing:
         raise IndexDirError(f"{meta_path} lacks {', '.join(missing)}: rebuild the index with `receipt-embed index`")
-    check_meta_types(meta, meta_path, IndexDirError)
+    check_meta_types(meta, meta_path, IndexDirError, check_calibration)
     return meta
 
 
@@ -288,12 +290,13 @@ def _check_file(path: Path, expected: dict) -> None:
         raise IndexDirError(f"{path} does not match the sha256 in index.json: the file was edited or corrupted")
 
 
-def load_index_dir(path: str | Path, verify: bool = True) -> IndexDir:
-    """Load an index dir, checking every file against index.json (``verify``)."""
+def load_index_dir(path: str | Path, verify: bool = True, check_calibration: bool = True) -> IndexDir:
+    """Load an index dir, checking every file against index.json (``verify``; ``check_calibration``
+    false: all but index.json's calibration block, which ``calibrate`` is about to replace)."""
     from receipt_embed.indexing.factory import nlist_of, search_candidates, set_search_params
 
     path = Path(path)
-    meta = read_meta(path)
+    meta = read_meta(path, check_calibration)
     files = meta["files"]
     for name in (INDEX_FILE, ITEMS_FILE, EMBEDDINGS_FILE):
         if name not in files:

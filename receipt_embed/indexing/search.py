@@ -179,7 +179,10 @@ def search_images(
             best = others[0] if others else None
             match = best if best and float(score(best)) >= threshold - SIMILARITY_TOLERANCE else None
             # no verdict (None) when no other capture got a score: every verifier abstained on each
-            result["duplicate"] = (match is not None) if others or checks is None else None
+            alone = not any(not hit["same_file"] for hit in hits)  # the index holds no other capture
+            result["duplicate"] = (match is not None) if others or checks is None or alone else None
+            if alone:
+                result["no_other_capture"] = True
             result["match"] = match
             result["threshold"] = float(threshold)  # what the verdict was judged against, and on which score
             result["score"] = "similarity" if checks is None else "verified"

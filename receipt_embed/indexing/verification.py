@@ -36,21 +36,40 @@ def verifiers_of(index_dir: IndexDir, names: list[str], registry) -> dict:
         )
     checks = {}
     for name in wanted:
-        verifier, data = registry.create("verifier", name, **stored[name]["params"]), index_dir.verifiers[name]
+        from receipt_embed.errors import BadInput
+        from receipt_embed.registry import ComponentError
+
+        try:
+            verifier = registry.create("verifier", name, **stored[name]["params"])
+        except ComponentError:
+            raise
+        except BadInput as exc:  # params index.json records that the verifier refuses: an edited index.json
+            raise IndexDirError(
+                f"{index_dir.path / 'index.json'}: verifiers.{name}.params: {exc}; rebuild it with "
+                f"`receipt-embed index ... --verify {name} --force`"
+            ) from None
+        data = index_dir.verifiers[name]
         if hasattr(verifier, "check_data"):
             from receipt_embed.errors import BadInput
             from receipt_embed.registry import plugin_errors
 
-            try:
-                with plugin_errors(registry, "verifier", name, f"checking {stored[name]['file']}"):
+            refused = None
+            with plugin_errors(registry, "verifier", name, f"checking {stored[name]['file']}"):
+                try:
                     verifier.check_data(data)
-            except BadInput as exc:
+                except BadInput as exc:  # the verifier's own verdict on the data; any other failure is its bug
+                    refused = exc
+            if refused is not None:
+                exc = refused
                 raise IndexDirError(
                     f"{index_dir.path / stored[name]['file']} is not what verifier {quoted(name)} (with the params "
                     f"index.json records) reads: {exc}; rebuild it with `receipt-embed index ... --verify {name} --force`"
                 ) from None
         checks[name] = (verifier, data)
     return checks
+
+
+FIELD_EXAMPLES = {"date": "date=25/12/2018", "total": "total=9.00", "receipt_number": "receipt_number=000123"}
 
 
 def check_query_fields(checks: dict, fields: dict | None) -> list[str]:
@@ -82,6 +101,15 @@ def check_query_fields(checks: dict, fields: dict | None) -> list[str]:
             f"--field {', '.join(unread)}: no selected verifier compares {'it' if len(unread) == 1 else 'them'} "
             f"({compared}): give those keys, or index with --verify-set fields.fields=[...]"
         )
+    for name, verifier in readers.items():
+        normalise = getattr(verifier, "normalise", None)
+        for key, value in fields.items():
+            if callable(normalise) and key in (columns[name] or ()) and not normalise(key, value):
+                raise BadInput(
+                    f"--field {key}={value}: verifier {name} does not read it as a {key} (it normalises to nothing), "
+                    "so it would never be compared: give the value as printed, e.g. "
+                    f"{FIELD_EXAMPLES.get(key, 'the text on the receipt')}"
+                )
     others = [column for names in columns.values() for column in names if column not in fields]
     if len(fields) == 1 and others:
         (key,) = fields
@@ -106,6 +134,8 @@ def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limit
         image = np.asarray(decode_image(read_regular(query_path, limits[1]), limits[0], name=query_path).image)
     queries = {}
     for name, (verifier, _) in checks.items():
+        if fields is None and getattr(verifier, "needs_image", True) is False:
+            continue  # nothing of a bare image to extract (see the scoring below)
         wants = image if getattr(verifier, "needs_image", True) else None
         with plugin_errors(registry, "verifier", name, f"extracting from {query_path}"):
             queries[name] = check_extracted(
@@ -115,9 +145,13 @@ def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limit
     for hit in hits:
         figures = {}
         for name, (verifier, data) in checks.items():
+            if fields is None and getattr(verifier, "needs_image", True) is False:
+                # a bare image has no manifest row: a verifier of rows has nothing of the query to
+                # compare, so it abstains, and the score is the image verifiers' (as calibrated)
+                figures[name] = {"score": None, "abstain": True}
+                continue
             with plugin_errors(registry, "verifier", name, f"scoring {query_path} against {hit['path']}"):
-                result = verifier.score(queries[name], data.item(hit["row"]))
-            figures[name] = score_figures(name, result)
+                figures[name] = score_figures(name, verifier.score(queries[name], data.item(hit["row"])))
         fused = verified_score(figures.values())
         checked.append({**hit, "verified": {"score": None if fused is None else round(fused, 6), **figures}})
     return [checked[i] for i in sorted(range(len(checked)), key=lambda i: _rank_key(checked[i], i))]

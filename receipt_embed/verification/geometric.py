@@ -102,6 +102,15 @@ class GeometricVerifier:
             raise BadInput("some capture has a different number of points and descriptors")
         if np.any(per_item_counts(data, "size") != 2):
             raise BadInput("some capture's size is not (height, width)")
+        sizes = data.arrays["size"].reshape(-1, 2)
+        if len(sizes) and (sizes.min() < 1 or sizes.max() > self.long_side):
+            raise BadInput(
+                f"a capture's page size is {sizes.min(initial=0)}..{sizes.max(initial=0)} pixels, where its params "
+                f"extract pages of 1 to {self.long_side} (long_side): the data was extracted with other params"
+            )
+        points = data.arrays["points"]
+        if not np.all(np.isfinite(points)) or (len(points) and (points.min() < 0 or points.max() > self.long_side)):
+            raise BadInput(f"some point lies outside every page extract gives (0 to {self.long_side} pixels)")
 
     def score(self, query: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict:
         """``score``: the homography's inliers' ``coverage`` of the query page (in [0, 1]), with

@@ -456,6 +456,8 @@ def test_a_bare_image_is_judged_on_the_image_verifiers_alone():
     (bare,) = check_pairs(checks, builtin_registry(), paths[0], [hit], limits)
     assert bare["verified"]["fields"] == {"score": None, "abstain": True}
     assert bare["verified"]["score"] == bare["verified"]["geometric"]["score"] > 0
+    (no_fields,) = check_pairs(checks, builtin_registry(), paths[0], [hit], limits, {})  # search without --field
+    assert no_fields["verified"] == bare["verified"]
     (given,) = check_pairs(checks, builtin_registry(), paths[0], [hit], limits, {"merchant": "Shop"})
     assert given["verified"]["score"] == pytest.approx((given["verified"]["geometric"]["score"] + 1.0) / 2, abs=1e-6)
 

@@ -134,7 +134,7 @@ def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limit
         image = np.asarray(decode_image(read_regular(query_path, limits[1]), limits[0], name=query_path).image)
     queries = {}
     for name, (verifier, _) in checks.items():
-        if fields is None and getattr(verifier, "needs_image", True) is False:
+        if not fields and getattr(verifier, "needs_image", True) is False:
             continue  # nothing of a bare image to extract (see the scoring below)
         wants = image if getattr(verifier, "needs_image", True) else None
         with plugin_errors(registry, "verifier", name, f"extracting from {query_path}"):
@@ -145,7 +145,7 @@ def check_pairs(checks: dict, registry, query_path: str, hits: list[dict], limit
     for hit in hits:
         figures = {}
         for name, (verifier, data) in checks.items():
-            if fields is None and getattr(verifier, "needs_image", True) is False:
+            if not fields and getattr(verifier, "needs_image", True) is False:
                 # a bare image has no manifest row: a verifier of rows has nothing of the query to
                 # compare, so it abstains, and the score is the image verifiers' (as calibrated)
                 figures[name] = {"score": None, "abstain": True}
